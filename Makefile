@@ -1,0 +1,41 @@
+# Every target sets up what it needs: a fresh machine only needs python3 and make.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-slow bench lint setup system-deps clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# PostgreSQL (for the tests of the PostgreSQL back ends) and Java (for Spark) from Debian's
+# packages, installed only when missing.
+system-deps:
+	bash scripts/ensure-system-deps.sh
+
+run: $(STAMP)
+	$(VENV)/bin/loghub demo --data-dir run-data
+
+test: $(STAMP) system-deps
+	$(PY) -m pytest -q -m 'not slow'
+
+test-slow: $(STAMP) system-deps
+	$(PY) -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(PY) benchmarks/ingest.py
+	$(PY) benchmarks/pull.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) run-data .pytest_cache .mypy_cache .ruff_cache .hypothesis
