@@ -1,0 +1,138 @@
+"""Log groups on the wire: parse, build and frame the protobuf messages of ``loghub.proto``.
+
+A PutLogs body (after decompression) is one serialized ``LogGroup``; a pull response is a
+``LogGroupList``. A ``LogGroupList`` is nothing but its groups, each written as field 1 of
+the list: ``0x0A <varint length> <LogGroup bytes>``. ``frame_log_group`` writes that entry, so
+storage can keep each received group framed exactly as a pull returns it and serve a pull by
+concatenating stored bytes, with no re-encoding.
+
+``parse_log_group`` is the server's check of what it is about to store: anything that is not
+a complete ``LogGroup`` (bad encoding, a required field missing) is ``PostBodyInvalid``.
+Content values are proto ``string`` fields, but the SDK writes them as bytes and other writers
+may put non-UTF-8 data there; the upb runtime accepts that and hands such a value back as
+``bytes``, which ``log_group_to_dict`` decodes with replacement characters.
+
+Pure functions; thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TypedDict
+
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]  # no stubs
+
+from loghub.errors import PostBodyInvalid
+from loghub.wire.proto import LogGroup, LogGroupList
+
+__all__ = [
+    "LogDict",
+    "LogGroupDict",
+    "frame_log_group",
+    "log_group_to_dict",
+    "make_log_group",
+    "parse_log_group",
+    "parse_log_group_list",
+]
+
+_LOG_GROUP_LIST_ENTRY_TAG = b"\x0a"  # field 1 (LogGroups), wire type 2 (length-delimited)
+
+
+class LogDict(TypedDict):
+    time: int  # unix seconds
+    time_ns: int  # nanosecond part, 0 when the writer sent none
+    contents: dict[str, str]
+
+
+class LogGroupDict(TypedDict):
+    topic: str
+    source: str
+    tags: dict[str, str]
+    logs: list[LogDict]
+
+
+def parse_log_group(raw: bytes) -> LogGroup:
+    """The ``LogGroup`` serialized in ``raw``; ``PostBodyInvalid`` when it is not one."""
+    return _parse(LogGroup, raw)
+
+
+def parse_log_group_list(raw: bytes) -> LogGroupList:
+    """The ``LogGroupList`` serialized in ``raw``; ``PostBodyInvalid`` when it is not one."""
+    return _parse(LogGroupList, raw)
+
+
+def _parse(message_class: type[LogGroup], raw: bytes) -> LogGroup:
+    message = message_class()
+    try:
+        message.ParseFromString(raw)
+    except DecodeError as exc:
+        raise PostBodyInvalid(f"body is not a protobuf {message_class.__name__}") from exc
+    # upb parses partial messages; a group missing a required field is still invalid.
+    missing = message.FindInitializationErrors()
+    if missing:
+        raise PostBodyInvalid(
+            f"protobuf {message_class.__name__} lacks required fields: {', '.join(missing[:5])}"
+        )
+    return message
+
+
+def frame_log_group(raw: bytes) -> bytes:
+    """``raw`` (a serialized ``LogGroup``) as one entry of a serialized ``LogGroupList``."""
+    return _LOG_GROUP_LIST_ENTRY_TAG + _varint(len(raw)) + raw
+
+
+def _varint(value: int) -> bytes:
+    assert value >= 0, value
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def make_log_group(
+    records: Iterable[tuple[int, Mapping[str, str]]],
+    *,
+    topic: str = "",
+    source: str = "",
+    tags: Mapping[str, str] | None = None,
+) -> LogGroup:
+    """A ``LogGroup`` of ``records``, each ``(unix seconds, contents)``, as the SDK builds one."""
+    group = LogGroup()
+    group.Topic = topic
+    group.Source = source
+    for time_s, contents in records:
+        log = group.Logs.add()
+        log.Time = time_s
+        for key, value in contents.items():
+            content = log.Contents.add()
+            content.Key = key
+            content.Value = value
+    for key, value in (tags or {}).items():
+        tag = group.LogTags.add()
+        tag.Key = key
+        tag.Value = value
+    return group
+
+
+def log_group_to_dict(group: LogGroup) -> LogGroupDict:
+    """``group`` as plain data (for display and tests). Repeated keys: the last one wins."""
+    logs: list[LogDict] = [
+        {
+            "time": int(log.Time),
+            "time_ns": int(log.Time_ns),
+            "contents": {_text(c.Key): _text(c.Value) for c in log.Contents},
+        }
+        for log in group.Logs
+    ]
+    return {
+        "topic": _text(group.Topic),
+        "source": _text(group.Source),
+        "tags": {_text(t.Key): _text(t.Value) for t in group.LogTags},
+        "logs": logs,
+    }
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
