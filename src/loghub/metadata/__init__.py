@@ -1,0 +1,38 @@
+"""Projects, logstores and shards: what exists, where its data lives, and how keys route.
+
+``MetadataStore`` keeps them in SQLite or PostgreSQL and serves reads from memory;
+``hashing`` is the 128-bit hash-key math shards are cut by.
+"""
+
+from loghub.metadata._validate import (
+    max_split_shard_max,
+    shards_per_logstore_max,
+    ttl_days_max,
+)
+from loghub.metadata.hashing import (
+    KEY_SPACE_END,
+    even_ranges,
+    format_hash_key,
+    md5_hash_key,
+    parse_hash_key,
+)
+from loghub.metadata.models import Logstore, LogstoreSpec, Project, Shard, ShardStatus
+from loghub.metadata.store import SCHEMA_VERSION, MetadataStore
+
+__all__ = [
+    "KEY_SPACE_END",
+    "SCHEMA_VERSION",
+    "Logstore",
+    "LogstoreSpec",
+    "MetadataStore",
+    "Project",
+    "Shard",
+    "ShardStatus",
+    "even_ranges",
+    "format_hash_key",
+    "md5_hash_key",
+    "max_split_shard_max",
+    "parse_hash_key",
+    "shards_per_logstore_max",
+    "ttl_days_max",
+]
