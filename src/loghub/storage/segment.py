@@ -1,0 +1,520 @@
+"""A segment: one ``.log`` file of framed records plus its offset and time indexes.
+
+Byte layout of ``<base_seq:020d>.log`` (base_seq is the sequence of its first record): records
+back to back, nothing else. Each record is a 30-byte header then the payload (opaque bytes).
+Header, big-endian (``struct`` format ``>BBIQQII``):
+
+    offset  size  field
+    0       1     format_version    u8   always 1 for now
+    1       1     attributes        u8   0 (reserved: compression, control records)
+    2       4     leader_epoch      u32  0 on a single server; room for replication
+    6       8     sequence          u64  base_seq + index of the record in the segment
+    14      8     receive_time_ms   u64  non-decreasing within a shard
+    22      4     payload_length    u32  at most payload_bytes_max
+    26      4     crc32c            u32  CRC32C of bytes 0..25 of the header, then the payload
+    30      n     payload
+
+Who writes it: only the shard log's writer (one thread at a time), appending with ``os.write``
+on an ``O_APPEND`` descriptor; readers use ``os.pread`` and check every record's CRC.
+
+After a crash: the tail of the last segment may hold a torn or unsynced record. ``recover()``
+walks the whole last segment checking header fields, lengths, sequence continuity,
+non-decreasing times and CRCs, cuts the file at the first bad or incomplete record
+(ftruncate + fsync), rebuilds both indexes from what remains and returns the bytes cut.
+Earlier segments were fsynced (log and indexes) before the roll, so ``check_sealed()`` only
+checks their indexes against the log's tail and rebuilds them if missing or inconsistent.
+
+Thread-safety: not thread-safe by itself. The shard log serializes writers, keeps the index
+lookups under its lock, and lets readers ``pread`` concurrently: a reader only walks bytes
+below ``committed_size_bytes``, which the writer advances after the bytes are written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import crc32c
+
+from loghub.errors import CorruptSegmentError
+from loghub.storage._files import pread_fully, write_fully
+from loghub.storage.offset_index import OffsetIndex
+from loghub.storage.time_index import TimeIndex
+
+__all__ = [
+    "FORMAT_VERSION",
+    "HEADER_BYTES",
+    "ReadPlan",
+    "Segment",
+    "check_header",
+    "encode_header",
+    "record_crc_matches",
+    "segment_base_sequences",
+    "segment_file_name",
+]
+
+logger = logging.getLogger("loghub.storage")
+
+FORMAT_VERSION = 1
+HEADER = struct.Struct(">BBIQQII")
+HEADER_BYTES = HEADER.size
+_CRC_COVERED = struct.Struct(">BBIQQI")
+_CRC = struct.Struct(">I")
+_CRC_COVERED_BYTES = _CRC_COVERED.size
+assert HEADER_BYTES == 30 and _CRC_COVERED_BYTES == 26
+
+_U32_MAX = 2**32 - 1
+_U64_MAX = 2**64 - 1
+_SCAN_CHUNK_BYTES = 1024 * 1024
+_READ_CHUNK_BYTES_MIN = 64 * 1024
+_READ_CHUNK_BYTES_MAX = 4 * 1024 * 1024
+_FILE_MODE = 0o644
+_LOG_NAME = re.compile(r"^(\d{20})\.log$")
+
+
+def segment_file_name(base_seq: int, suffix: str) -> str:
+    assert 0 <= base_seq <= _U64_MAX
+    return f"{base_seq:020d}{suffix}"
+
+
+def segment_base_sequences(directory: Path) -> list[int]:
+    """The base sequences of the ``.log`` files in ``directory``, ascending."""
+    bases = []
+    for entry in os.scandir(directory):
+        match = _LOG_NAME.match(entry.name)
+        if match is not None and entry.is_file():
+            bases.append(int(match.group(1)))
+    return sorted(bases)
+
+
+def encode_header(
+    sequence: int, receive_time_ms: int, payload: bytes, leader_epoch: int = 0
+) -> bytes:
+    """The 30-byte header of a record; the record is this followed by ``payload``."""
+    assert 0 <= sequence <= _U64_MAX and 0 <= receive_time_ms <= _U64_MAX
+    assert 0 <= leader_epoch <= _U32_MAX and len(payload) <= _U32_MAX
+    covered = _CRC_COVERED.pack(
+        FORMAT_VERSION, 0, leader_epoch, sequence, receive_time_ms, len(payload)
+    )
+    header = covered + _CRC.pack(crc32c.crc32c(payload, crc32c.crc32c(covered)))
+    assert len(header) == HEADER_BYTES
+    return header
+
+
+def record_crc_matches(record: bytes | memoryview) -> bool:
+    """Whether a whole framed record (header and payload) matches its stored CRC."""
+    stored = _CRC.unpack_from(record, _CRC_COVERED_BYTES)[0]
+    computed = crc32c.crc32c(record[HEADER_BYTES:], crc32c.crc32c(record[:_CRC_COVERED_BYTES]))
+    return bool(stored == computed)
+
+
+def check_header(
+    fields: tuple[int, ...], expected_sequence: int, payload_bytes_max: int
+) -> str | None:
+    """What is wrong with an unpacked header, or None. A pure leaf: callers decide."""
+    format_version, attributes, _epoch, sequence, _time, payload_length, _crc = fields
+    if format_version != FORMAT_VERSION:
+        return f"format version {format_version}"
+    if attributes != 0:
+        return f"attributes {attributes}"
+    if sequence != expected_sequence:
+        return f"sequence {sequence} where {expected_sequence} was expected"
+    if payload_length > payload_bytes_max:
+        return f"payload length {payload_length} over the limit {payload_bytes_max}"
+    return None
+
+
+class _ChunkReader:
+    """Views of a file's bytes below ``limit``, read with as few preads as possible."""
+
+    def __init__(self, fd: int, limit: int, chunk_bytes: int) -> None:
+        self._fd = fd
+        self._limit = limit
+        self._chunk_bytes = chunk_bytes
+        self._start = 0
+        self._data = memoryview(b"")
+
+    def view(self, position: int, size_bytes: int) -> memoryview | None:
+        """``size_bytes`` at ``position``, or None when they reach past the limit or the file."""
+        end = position + size_bytes
+        if end > self._limit:
+            return None
+        if position < self._start or end > self._start + len(self._data):
+            want = min(max(size_bytes, self._chunk_bytes), self._limit - position)
+            self._data = memoryview(pread_fully(self._fd, want, position))
+            self._start = position
+            if len(self._data) < size_bytes:
+                return None
+        offset = position - self._start
+        return self._data[offset : offset + size_bytes]
+
+
+class _IndexBuilder:
+    """Decides which records get offset and time index entries (rules in their modules)."""
+
+    def __init__(
+        self,
+        base_seq: int,
+        index_interval_bytes: int,
+        last_offset_entry: tuple[int, int] | None,
+        last_time_ms: int | None,
+    ) -> None:
+        self.base_seq = base_seq
+        self.index_interval_bytes = index_interval_bytes
+        self.last_offset_position = None if last_offset_entry is None else last_offset_entry[1]
+        self.last_time_ms = last_time_ms
+        self.offset_entries: list[tuple[int, int]] = []
+        self.time_entries: list[tuple[int, int]] = []
+
+    def add(self, sequence: int, receive_time_ms: int, position: int) -> None:
+        relative_sequence = sequence - self.base_seq
+        assert 0 <= relative_sequence <= _U32_MAX and position <= _U32_MAX
+        if (
+            self.last_offset_position is None
+            or position - self.last_offset_position >= self.index_interval_bytes
+        ):
+            self.offset_entries.append((relative_sequence, position))
+            self.last_offset_position = position
+        if self.last_time_ms is None or receive_time_ms > self.last_time_ms:
+            self.time_entries.append((receive_time_ms, relative_sequence))
+            self.last_time_ms = receive_time_ms
+
+
+@dataclass(frozen=True)
+class _ScanResult:
+    valid_size_bytes: int
+    record_count: int
+    offset_entries: list[tuple[int, int]]
+    time_entries: list[tuple[int, int]]
+    problem: str | None
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """Where a read starts in one segment and where it must stop (made under the shard lock)."""
+
+    position: int  # a record boundary at or before start_seq (an offset index entry)
+    position_seq: int  # the sequence of the record at ``position``
+    start_seq: int  # first record to return
+    stop_seq: int  # one past the last record that may be returned
+    limit_position: int  # no byte at or after this position is read
+
+
+class Segment:
+    """One segment's files, open. Create with ``create`` or ``open``."""
+
+    def __init__(
+        self,
+        directory: Path,
+        base_seq: int,
+        *,
+        create: bool,
+        index_interval_bytes: int,
+        payload_bytes_max: int,
+    ) -> None:
+        assert index_interval_bytes > 0 and payload_bytes_max >= 0
+        self.directory = directory
+        self.base_seq = base_seq
+        self.index_interval_bytes = index_interval_bytes
+        self.payload_bytes_max = payload_bytes_max
+        self.path = directory / segment_file_name(base_seq, ".log")
+        flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
+        if create:
+            flags |= os.O_CREAT | os.O_EXCL
+        self.fd = os.open(self.path, flags, _FILE_MODE)
+        try:
+            self.offset_index = OffsetIndex(
+                directory / segment_file_name(base_seq, ".index"), create=create
+            )
+            try:
+                self.time_index = TimeIndex(
+                    directory / segment_file_name(base_seq, ".timeindex"), create=create
+                )
+            except BaseException:
+                self.offset_index.close()
+                raise
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.size_bytes = os.fstat(self.fd).st_size  # written, by the writer
+        self.committed_size_bytes = self.size_bytes  # readable, published under the shard lock
+        self.next_seq = base_seq  # known after recover() or check_sealed()
+        self.pins = 0  # readers using the descriptors; guarded by the shard lock
+        self.retired = False
+        self._closed = False
+
+    @classmethod
+    def create(
+        cls, directory: Path, base_seq: int, *, index_interval_bytes: int, payload_bytes_max: int
+    ) -> Segment:
+        """A new empty segment. The caller fsyncs the directory."""
+        return cls(
+            directory,
+            base_seq,
+            create=True,
+            index_interval_bytes=index_interval_bytes,
+            payload_bytes_max=payload_bytes_max,
+        )
+
+    @classmethod
+    def open(
+        cls, directory: Path, base_seq: int, *, index_interval_bytes: int, payload_bytes_max: int
+    ) -> Segment:
+        """An existing segment; call ``recover()`` (last) or ``check_sealed()`` (earlier) next."""
+        return cls(
+            directory,
+            base_seq,
+            create=False,
+            index_interval_bytes=index_interval_bytes,
+            payload_bytes_max=payload_bytes_max,
+        )
+
+    @property
+    def record_count(self) -> int:
+        return self.next_seq - self.base_seq
+
+    @property
+    def max_time_ms(self) -> int | None:
+        return self.time_index.max_time_ms
+
+    # --- recovery -----------------------------------------------------------------------
+
+    def recover(self) -> int:
+        """Cuts the log at its first bad or incomplete record; returns the bytes cut."""
+        file_size = os.fstat(self.fd).st_size
+        result = self._scan(file_size)
+        cut_bytes = file_size - result.valid_size_bytes
+        if cut_bytes:
+            logger.warning(
+                "%s: cut %d bytes at position %d (%s)",
+                self.path,
+                cut_bytes,
+                result.valid_size_bytes,
+                result.problem,
+            )
+            os.ftruncate(self.fd, result.valid_size_bytes)
+            os.fsync(self.fd)
+        self.size_bytes = self.committed_size_bytes = result.valid_size_bytes
+        self.next_seq = self.base_seq + result.record_count
+        if not self.offset_index.intact or self.offset_index.entries() != result.offset_entries:
+            self.offset_index.reset(result.offset_entries)
+        if not self.time_index.intact or self.time_index.entries() != result.time_entries:
+            self.time_index.reset(result.time_entries)
+        return cut_bytes
+
+    def check_sealed(self, next_seq: int) -> None:
+        """Checks an earlier (fsynced) segment holds [base_seq, next_seq); rebuilds indexes."""
+        assert next_seq >= self.base_seq
+        self.next_seq = next_seq
+        if self._indexes_match_log():
+            return
+        logger.info("%s: rebuilding its indexes", self.path)
+        result = self._scan(self.size_bytes)
+        if (
+            result.problem is not None
+            or result.valid_size_bytes != self.size_bytes
+            or result.record_count != self.record_count
+        ):
+            raise CorruptSegmentError(
+                f"{self.path}: sealed segment should hold {self.record_count} records "
+                f"but holds {result.record_count} valid ones ({result.problem})"
+            )
+        self.offset_index.reset(result.offset_entries)
+        self.time_index.reset(result.time_entries)
+        self.offset_index.sync()
+        self.time_index.sync()
+
+    def _indexes_match_log(self) -> bool:
+        count = self.record_count
+        if not self.offset_index.is_consistent(self.size_bytes, count):
+            return False
+        if not self.time_index.is_consistent(count):
+            return False
+        last = self.offset_index.last()
+        if last is None:
+            return self.size_bytes == 0
+        # Walk the headers after the last entry: they must end exactly at the end of the file.
+        relative_sequence, position = last
+        sequence = self.base_seq + relative_sequence
+        reader = _ChunkReader(self.fd, self.size_bytes, _READ_CHUNK_BYTES_MIN)
+        last_time_ms = -1
+        while position < self.size_bytes:
+            header = reader.view(position, HEADER_BYTES)
+            if header is None:
+                return False
+            fields = HEADER.unpack(header)
+            if check_header(fields, sequence, self.payload_bytes_max) is not None:
+                return False
+            last_time_ms = fields[4]
+            position += HEADER_BYTES + fields[5]
+            sequence += 1
+        return (
+            position == self.size_bytes
+            and sequence == self.next_seq
+            and last_time_ms == self.time_index.max_time_ms
+        )
+
+    def _scan(self, file_size: int) -> _ScanResult:
+        """Walks every record from the start, checking everything; stops at the first fault."""
+        reader = _ChunkReader(self.fd, file_size, _SCAN_CHUNK_BYTES)
+        builder = _IndexBuilder(self.base_seq, self.index_interval_bytes, None, None)
+        position = 0
+        sequence = self.base_seq
+        problem: str | None = None
+        while position < file_size:
+            header = reader.view(position, HEADER_BYTES)
+            if header is None:
+                problem = "incomplete header"
+                break
+            fields = HEADER.unpack(header)
+            problem = check_header(fields, sequence, self.payload_bytes_max)
+            last_time_ms = builder.last_time_ms
+            if problem is None and last_time_ms is not None and fields[4] < last_time_ms:
+                problem = "receive time went back"
+            if problem is not None:
+                break
+            record = reader.view(position, HEADER_BYTES + fields[5])
+            if record is None:
+                problem = "incomplete record"
+                break
+            if not record_crc_matches(record):
+                problem = "CRC mismatch"
+                break
+            builder.add(sequence, fields[4], position)
+            position += len(record)
+            sequence += 1
+        return _ScanResult(
+            valid_size_bytes=position,
+            record_count=sequence - self.base_seq,
+            offset_entries=builder.offset_entries,
+            time_entries=builder.time_entries,
+            problem=problem,
+        )
+
+    # --- writing (the shard log's writer only) -------------------------------------------
+
+    def write(self, records: list[tuple[int, int, bytes, bytes]]) -> list[tuple[int, int, int]]:
+        """Appends framed ``(sequence, receive_time_ms, header, payload)`` records with one
+        write; returns their ``(sequence, receive_time_ms, position)`` for ``index``."""
+        placements: list[tuple[int, int, int]] = []
+        parts: list[bytes] = []
+        position = self.size_bytes
+        for sequence, receive_time_ms, header, payload in records:
+            assert sequence == self.next_seq + len(placements)
+            assert len(header) == HEADER_BYTES
+            placements.append((sequence, receive_time_ms, position))
+            parts.append(header)
+            parts.append(payload)
+            position += HEADER_BYTES + len(payload)
+        data = b"".join(parts)
+        assert len(data) == position - self.size_bytes
+        write_fully(self.fd, data)
+        self.size_bytes = position
+        self.next_seq += len(placements)
+        return placements
+
+    def index(self, placements: list[tuple[int, int, int]]) -> None:
+        """Adds the index entries for records just written (under the shard lock)."""
+        builder = _IndexBuilder(
+            self.base_seq,
+            self.index_interval_bytes,
+            self.offset_index.last(),
+            self.time_index.max_time_ms,
+        )
+        for sequence, receive_time_ms, position in placements:
+            builder.add(sequence, receive_time_ms, position)
+        self.offset_index.extend(builder.offset_entries)
+        self.time_index.extend(builder.time_entries)
+
+    def truncate(self, size_bytes: int, next_seq: int) -> None:
+        """Takes back records written but not acknowledged (under the shard lock)."""
+        assert size_bytes <= self.size_bytes and next_seq <= self.next_seq
+        os.ftruncate(self.fd, size_bytes)
+        self.size_bytes = size_bytes
+        self.next_seq = next_seq
+        self.offset_index.truncate_to(next_seq - self.base_seq)
+        self.time_index.truncate_to(next_seq - self.base_seq)
+        os.fdatasync(self.fd)
+
+    def sync(self) -> None:
+        os.fdatasync(self.fd)
+
+    def seal(self) -> None:
+        """Makes the log and both indexes durable; the segment takes no more records."""
+        os.fdatasync(self.fd)
+        self.offset_index.sync()
+        self.time_index.sync()
+
+    # --- reading --------------------------------------------------------------------------
+
+    def plan_read(self, start_seq: int, stop_seq: int) -> ReadPlan:
+        """Where to read records [start_seq, stop_seq) of this segment (under the shard lock)."""
+        assert self.base_seq <= start_seq < stop_seq <= self.next_seq
+        relative_sequence, position = self.offset_index.floor(start_seq - self.base_seq)
+        limit = self.committed_size_bytes
+        ceiling = self.offset_index.ceiling_position(stop_seq - self.base_seq)
+        if ceiling is not None:
+            limit = min(limit, ceiling)
+        return ReadPlan(position, self.base_seq + relative_sequence, start_seq, stop_seq, limit)
+
+    def read(
+        self, plan: ReadPlan, count_max: int, bytes_max: int, *, raw: bool, take_first: bool
+    ) -> tuple[list[memoryview], int]:
+        """Records of ``plan``, at most ``count_max`` and ``bytes_max`` bytes (payload bytes,
+        or whole records when ``raw``; the first record is taken regardless when
+        ``take_first``). Returns the payloads (or records) and the bytes counted."""
+        # One pread covers the usual read; a larger one refills as it goes.
+        skip_bytes = self.index_interval_bytes if plan.position_seq < plan.start_seq else 0
+        wanted_bytes = bytes_max + HEADER_BYTES * (min(count_max, 1024) + 1)
+        chunk_bytes = skip_bytes + min(wanted_bytes, _READ_CHUNK_BYTES_MAX)
+        reader = _ChunkReader(self.fd, plan.limit_position, max(chunk_bytes, _READ_CHUNK_BYTES_MIN))
+        position = plan.position
+        sequence = plan.position_seq
+        parts: list[memoryview] = []
+        taken_bytes = 0
+        while sequence < plan.stop_seq and len(parts) < count_max:
+            header = reader.view(position, HEADER_BYTES)
+            if header is None:
+                raise self._corrupt(position, "incomplete header")
+            fields = HEADER.unpack(header)
+            problem = check_header(fields, sequence, self.payload_bytes_max)
+            if problem is not None:
+                raise self._corrupt(position, problem)
+            record_bytes = HEADER_BYTES + fields[5]
+            if sequence >= plan.start_seq:
+                cost = record_bytes if raw else fields[5]
+                if (parts or not take_first) and taken_bytes + cost > bytes_max:
+                    break
+                record = reader.view(position, record_bytes)
+                if record is None:
+                    raise self._corrupt(position, "incomplete record")
+                if not record_crc_matches(record):
+                    raise self._corrupt(position, "CRC mismatch")
+                parts.append(record if raw else record[HEADER_BYTES:])
+                taken_bytes += cost
+            position += record_bytes
+            sequence += 1
+        return parts, taken_bytes
+
+    def _corrupt(self, position: int, problem: str) -> CorruptSegmentError:
+        return CorruptSegmentError(f"{self.path} at position {position}: {problem}")
+
+    # --- life cycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        os.close(self.fd)
+        self.offset_index.close()
+        self.time_index.close()
+
+    def delete_files(self) -> None:
+        """Unlinks the log first: an index left without its log is ignored and overwritten."""
+        self.path.unlink(missing_ok=True)
+        self.offset_index.path.unlink(missing_ok=True)
+        self.time_index.path.unlink(missing_ok=True)

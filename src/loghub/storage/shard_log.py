@@ -1,0 +1,665 @@
+"""A shard log: one shard's records, durable on local disk, as a list of segments.
+
+Byte layout: a directory of segments (see ``loghub.storage.segment``), each named by the first
+sequence it holds, ``00000000000000000000.log`` with its ``.index`` and ``.timeindex``. The
+segments are contiguous: a segment holds [its base, the next segment's base). Only the last
+(active) segment is appended to; a new one is rolled when the active one would pass
+``segment_bytes_max`` (a record larger than that gets a segment of its own).
+
+Life cycle of an append under ``fsync_policy="always"`` (group commit, leader/follower):
+
+    append() --queue--> waiting --(no writer busy: becomes leader)--> leader takes the whole
+    queue, assigns sequences, one os.write, one fdatasync --> publishes end_seq --> wakes all
+    followers, whose records went out in that batch (or become the next leader)
+
+Under ``"interval"`` the append returns after the write, and a background thread fdatasyncs
+every ``fsync_interval_ms``. A failed write or sync (disk full...) truncates the file back to
+where the batch began and raises ``StorageError`` for every record of the batch.
+
+After a crash: ``open`` runs ``Segment.recover`` on the last segment (cuts a torn tail, logs
+the bytes cut) and ``check_sealed`` on earlier ones. Records acknowledged under "always" are
+on disk; under "interval" the last ``fsync_interval_ms`` may be lost. Sequence numbers never
+go back: after retention removes everything, an empty segment named by end_seq remains.
+Receive times are stored as max(previous, given); the previous time is read back from the
+time indexes on open, so it is forgotten only when retention has emptied the shard.
+
+Thread-safety: ``ShardLog`` is thread-safe. One lock guards the segment list, the published
+end_seq and the in-memory indexes; file I/O runs outside it. One thread at a time holds the
+writer role (a leader, retention, a raw append, close). Readers pin the segments they read so
+that retention can unlink a segment under them; its descriptors close at the last unpin.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from loghub._clock import Clock
+from loghub.errors import (
+    CorruptSegmentError,
+    InvalidCursor,
+    PostBodyTooLarge,
+    StorageClosedError,
+    StorageError,
+)
+from loghub.storage._files import fsync_directory
+from loghub.storage.segment import (
+    HEADER,
+    HEADER_BYTES,
+    ReadPlan,
+    Segment,
+    check_header,
+    encode_header,
+    record_crc_matches,
+    segment_base_sequences,
+)
+
+__all__ = ["ReadBatch", "ShardLog", "ShardLogStatistics", "StorageConfig"]
+
+logger = logging.getLogger("loghub.storage")
+
+_POSITION_MAX = 2**32 - 1
+_LEADER_EPOCH = 0  # a single server; replication will carry the leader's epoch
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """Limits and durability of the storage layer.
+
+    ``segment_bytes_max + payload_bytes_max`` must fit the indexes' u32 positions.
+    """
+
+    fsync_policy: Literal["always", "interval"] = "always"
+    fsync_interval_ms: int = 1000
+    segment_bytes_max: int = 256 * 1024 * 1024
+    index_interval_bytes: int = 4096
+    payload_bytes_max: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.fsync_policy not in ("always", "interval"):
+            raise ValueError(f"fsync_policy must be 'always' or 'interval': {self.fsync_policy}")
+        if self.fsync_interval_ms <= 0:
+            raise ValueError("fsync_interval_ms must be positive")
+        if self.segment_bytes_max <= 0 or self.index_interval_bytes <= 0:
+            raise ValueError("segment_bytes_max and index_interval_bytes must be positive")
+        if self.payload_bytes_max < 0:
+            raise ValueError("payload_bytes_max must not be negative")
+        if self.segment_bytes_max + HEADER_BYTES + self.payload_bytes_max > _POSITION_MAX:
+            raise ValueError("segment_bytes_max + payload_bytes_max must stay below 4 GiB")
+
+
+@dataclass(frozen=True)
+class ReadBatch:
+    data: bytes  # the concatenated payloads of the records read, in order (no headers)
+    count: int  # records read
+    next_seq: int  # sequence after the last record read (== start when count == 0)
+
+
+@dataclass(frozen=True)
+class ShardLogStatistics:
+    begin_seq: int
+    end_seq: int
+    segment_count: int
+    size_bytes: int
+    fsync_count: int  # fdatasyncs of log files (group commit makes it < append_count)
+    append_count: int  # records appended (append and append_raw) since open
+
+
+@dataclass
+class _PendingAppend:
+    payload: bytes
+    receive_time_ms: int
+    sequence: int = -1
+    done: bool = False
+    error: StorageError | None = None
+
+
+# A record ready to write: (sequence, receive_time_ms, header, payload).
+_Record = tuple[int, int, bytes, bytes]
+
+
+@dataclass
+class _ReadState:
+    parts: list[memoryview] = field(default_factory=list)
+    taken_bytes: int = 0
+
+
+class ShardLog:
+    """One shard's durable log. Open with ``ShardLog.open``."""
+
+    def __init__(
+        self, path: Path, config: StorageConfig, clock: Clock, segments: list[Segment]
+    ) -> None:
+        assert segments
+        self.path = path
+        self._config = config
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._condition = threading.Condition(self._lock)
+        self._segments = segments
+        self._end_seq = segments[-1].next_seq
+        self._last_time_ms = 0
+        for segment in reversed(segments):
+            if segment.max_time_ms is not None:
+                self._last_time_ms = segment.max_time_ms
+                break
+        self._writer_busy = False
+        self._queue: list[_PendingAppend] = []
+        self._closed = False
+        self._broken: BaseException | None = None
+        self._fsync_count = 0
+        self._append_count = 0
+        self._synced_append_count = 0
+        self._stop_syncing = threading.Event()
+        self._sync_thread: threading.Thread | None = None
+        if config.fsync_policy == "interval":
+            self._sync_thread = threading.Thread(
+                target=self._sync_periodically, name=f"loghub-fsync {path}", daemon=True
+            )
+            self._sync_thread.start()
+
+    @classmethod
+    def open(cls, path: Path, config: StorageConfig, clock: Clock) -> ShardLog:
+        """Opens (creating if needed) the shard log in ``path``, recovering its tail."""
+        path.mkdir(parents=True, exist_ok=True)
+        bases = segment_base_sequences(path)
+        segments: list[Segment] = []
+        limits = {
+            "index_interval_bytes": config.index_interval_bytes,
+            "payload_bytes_max": config.payload_bytes_max,
+        }
+        try:
+            if not bases:
+                segments.append(Segment.create(path, 0, **limits))
+                fsync_directory(path)
+            for index, base in enumerate(bases):
+                segment = Segment.open(path, base, **limits)
+                segments.append(segment)
+                if index + 1 < len(bases):
+                    segment.check_sealed(bases[index + 1])
+                else:
+                    cut_bytes = segment.recover()
+                    if cut_bytes:
+                        logger.warning("shard log %s: recovery cut %d bytes", path, cut_bytes)
+        except BaseException:
+            for segment in segments:
+                segment.close()
+            raise
+        return cls(path, config, clock, segments)
+
+    # --- appending ----------------------------------------------------------------------
+
+    def append(self, payload: bytes, receive_time_ms: int) -> int:
+        """Appends one record; returns its sequence once it is durable under the policy."""
+        if len(payload) > self._config.payload_bytes_max:
+            raise PostBodyTooLarge(
+                f"payload of {len(payload)} bytes over the limit of "
+                f"{self._config.payload_bytes_max}"
+            )
+        assert receive_time_ms >= 0
+        request = _PendingAppend(payload, receive_time_ms)
+        with self._condition:
+            self._check_writable()
+            self._queue.append(request)
+            while not request.done:
+                if self._writer_busy:
+                    self._condition.wait()
+                else:
+                    self._lead()
+        if request.error is not None:
+            raise type(request.error)(request.error.message) from request.error
+        return request.sequence
+
+    def _lead(self) -> None:
+        """Writes every queued record as one batch. Called with the lock held."""
+        batch, self._queue = self._queue, []
+        self._writer_busy = True
+        try:
+            self._check_writable()
+            records = []
+            time_ms = self._last_time_ms
+            for offset, request in enumerate(batch):
+                time_ms = max(time_ms, request.receive_time_ms)
+                request.sequence = self._end_seq + offset
+                records.append((request.sequence, time_ms, b"", request.payload))
+            self._commit(records)
+        except StorageError as exc:
+            for request in batch:
+                request.error = exc
+        except Exception as exc:
+            error = StorageError(f"append failed: {exc!r}")
+            error.__cause__ = exc
+            for request in batch:
+                request.error = error
+        finally:
+            for request in batch:
+                request.done = True
+            self._writer_busy = False
+            self._condition.notify_all()
+
+    def append_raw(self, records: bytes) -> int:
+        """Appends framed records (as ``read_raw`` returns them) after checking each one's
+        framing, CRC and sequence continuity; returns the new end_seq once durable."""
+        parsed = self._parse_raw(records)
+        with self._condition:
+            self._acquire_writer()
+            try:
+                expected = self._end_seq
+                time_ms = self._last_time_ms
+                for sequence, receive_time_ms, _header, _payload in parsed:
+                    if sequence != expected or receive_time_ms < time_ms:
+                        raise StorageError(
+                            f"raw record {sequence} (time {receive_time_ms}) does not follow "
+                            f"sequence {expected - 1} (time {time_ms})"
+                        )
+                    expected += 1
+                    time_ms = receive_time_ms
+                if parsed:
+                    self._commit(parsed)
+                return self._end_seq
+            finally:
+                self._release_writer()
+
+    def _parse_raw(self, records: bytes) -> list[_Record]:
+        view = memoryview(records)
+        parsed: list[_Record] = []
+        position = 0
+        while position < len(view):
+            if len(view) - position < HEADER_BYTES:
+                raise CorruptSegmentError(f"raw records: incomplete header at {position}")
+            fields = HEADER.unpack_from(view, position)
+            sequence = fields[3]
+            problem = check_header(fields, sequence, self._config.payload_bytes_max)
+            end = position + HEADER_BYTES + fields[5]
+            if problem is None and end > len(view):
+                problem = "incomplete record"
+            if problem is None and not record_crc_matches(view[position:end]):
+                problem = "CRC mismatch"
+            if problem is not None:
+                raise CorruptSegmentError(f"raw records at {position}: {problem}")
+            header = bytes(view[position : position + HEADER_BYTES])
+            parsed.append((sequence, fields[4], header, bytes(view[position + HEADER_BYTES : end])))
+            position = end
+        return parsed
+
+    def _commit(self, records: list[_Record]) -> None:
+        """Writes and syncs ``records`` (headers made here when empty), then publishes them.
+        Called with the lock and the writer role held; drops the lock during I/O."""
+        first_segment = self._segments[-1]
+        size_before = first_segment.size_bytes
+        next_seq_before = first_segment.next_seq
+        time_before = self._last_time_ms
+        created: list[Segment] = []
+        self._condition.release()
+        try:
+            framed = [
+                (sequence, time_ms, header or self._header(sequence, time_ms, payload), payload)
+                for sequence, time_ms, header, payload in records
+            ]
+            self._write_batch(framed, created)
+        except Exception as exc:
+            self._condition.acquire()
+            self._roll_back(first_segment, size_before, next_seq_before, created)
+            self._last_time_ms = time_before
+            raise StorageError(f"{self.path}: write failed: {exc!r}") from exc
+        except BaseException:
+            self._condition.acquire()
+            raise
+        self._condition.acquire()
+        for segment in [first_segment, *created]:
+            segment.committed_size_bytes = segment.size_bytes
+        self._end_seq = records[-1][0] + 1
+        self._last_time_ms = records[-1][1]
+        self._append_count += len(records)
+
+    @staticmethod
+    def _header(sequence: int, time_ms: int, payload: bytes) -> bytes:
+        return encode_header(sequence, time_ms, payload, _LEADER_EPOCH)
+
+    def _write_batch(self, records: list[_Record], created: list[Segment]) -> None:
+        """One write per segment touched; rolls when the active segment would overflow."""
+        segment = self._segments[-1]
+        chunk: list[_Record] = []
+        chunk_bytes = 0
+        for record in records:
+            record_bytes = HEADER_BYTES + len(record[3])
+            size_after = segment.size_bytes + chunk_bytes + record_bytes
+            if segment.size_bytes + chunk_bytes > 0 and size_after > self._config.segment_bytes_max:
+                self._write_chunk(segment, chunk)
+                segment = self._roll(segment, record[0])
+                created.append(segment)
+                chunk, chunk_bytes = [], 0
+            chunk.append(record)
+            chunk_bytes += record_bytes
+        self._write_chunk(segment, chunk)
+        if self._config.fsync_policy == "always":
+            self._sync(segment)
+
+    def _write_chunk(self, segment: Segment, chunk: list[_Record]) -> None:
+        if not chunk:
+            return
+        placements = segment.write(chunk)
+        with self._lock:
+            segment.index(placements)
+
+    def _roll(self, segment: Segment, base_seq: int) -> Segment:
+        """Seals ``segment`` and starts a new one at ``base_seq`` (writer role, no lock)."""
+        assert base_seq == segment.next_seq
+        segment.seal()
+        with self._lock:
+            self._fsync_count += 1
+        new_segment = Segment.create(
+            self.path,
+            base_seq,
+            index_interval_bytes=self._config.index_interval_bytes,
+            payload_bytes_max=self._config.payload_bytes_max,
+        )
+        new_segment.next_seq = base_seq
+        with self._lock:
+            self._segments.append(new_segment)
+        fsync_directory(self.path)
+        return new_segment
+
+    def _sync(self, segment: Segment) -> None:
+        segment.sync()
+        with self._lock:
+            self._fsync_count += 1
+
+    def _roll_back(
+        self, segment: Segment, size_bytes: int, next_seq: int, created: list[Segment]
+    ) -> None:
+        """Removes every byte of a failed batch (lock held). If even that fails, the shard
+        log refuses further writes: its files no longer match what it believes."""
+        try:
+            for new_segment in created:
+                self._segments.remove(new_segment)
+                new_segment.delete_files()
+                new_segment.close()
+            segment.truncate(size_bytes, next_seq)
+            if created:
+                fsync_directory(self.path)
+        except OSError as exc:
+            logger.error("shard log %s: roll back failed, refusing writes: %r", self.path, exc)
+            self._broken = exc
+
+    # --- the writer role ----------------------------------------------------------------
+
+    def _acquire_writer(self) -> None:
+        """Waits for the writer role (lock held)."""
+        while self._writer_busy:
+            self._condition.wait()
+        self._check_writable()
+        self._writer_busy = True
+
+    def _release_writer(self) -> None:
+        self._writer_busy = False
+        self._condition.notify_all()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageClosedError(f"shard log {self.path} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._broken is not None:
+            raise StorageError(f"shard log {self.path} refuses writes: {self._broken!r}")
+
+    def _sync_periodically(self) -> None:
+        """The interval policy's background fdatasync. Syncs a duplicate descriptor, so that
+        a concurrent roll or close cannot pull the descriptor from under it."""
+        interval_s = self._config.fsync_interval_ms / 1000
+        while not self._stop_syncing.wait(interval_s):
+            with self._lock:
+                if self._closed:
+                    return
+                if self._append_count == self._synced_append_count:
+                    continue
+                append_count = self._append_count
+                fd = os.dup(self._segments[-1].fd)
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                logger.error("shard log %s: background fdatasync failed: %r", self.path, exc)
+                continue
+            finally:
+                os.close(fd)
+            with self._lock:
+                self._fsync_count += 1
+                self._synced_append_count = max(self._synced_append_count, append_count)
+
+    # --- reading ------------------------------------------------------------------------
+
+    def read(
+        self, start_seq: int, count_max: int, bytes_max: int, end_seq: int | None = None
+    ) -> ReadBatch:
+        """Payloads of records [start_seq, min(end_seq, self.end_seq)), at most ``count_max``
+        of them and about ``bytes_max`` bytes (at least one record when any is available)."""
+        state = self._read(start_seq, count_max, bytes_max, end_seq, raw=False)
+        return ReadBatch(b"".join(state.parts), len(state.parts), start_seq + len(state.parts))
+
+    def read_raw(self, start_seq: int, bytes_max: int) -> bytes:
+        """Framed records (headers included) from ``start_seq``, about ``bytes_max`` bytes
+        (at least one record when any is available), for a follower's ``append_raw``."""
+        return b"".join(self._read(start_seq, 2**63, bytes_max, None, raw=True).parts)
+
+    def _read(
+        self, start_seq: int, count_max: int, bytes_max: int, end_seq: int | None, *, raw: bool
+    ) -> _ReadState:
+        assert count_max >= 0 and bytes_max >= 0
+        state = _ReadState()
+        with self._lock:
+            self._check_open()
+            self._check_cursor(start_seq)
+            stop_seq = self._end_seq if end_seq is None else min(end_seq, self._end_seq)
+            if count_max == 0 or start_seq >= stop_seq:
+                return state
+            plans = self._plan_reads(start_seq, stop_seq)
+        try:
+            for segment, plan in plans:
+                parts, taken_bytes = segment.read(
+                    plan,
+                    count_max - len(state.parts),
+                    bytes_max - state.taken_bytes,
+                    raw=raw,
+                    take_first=not state.parts,
+                )
+                state.parts.extend(parts)
+                state.taken_bytes += taken_bytes
+                if len(parts) < plan.stop_seq - plan.start_seq:
+                    break  # a limit was reached inside this segment
+        finally:
+            with self._lock:
+                for segment, _plan in plans:
+                    self._unpin(segment)
+        return state
+
+    def _plan_reads(self, start_seq: int, stop_seq: int) -> list[tuple[Segment, ReadPlan]]:
+        """Pins and plans every segment the read may touch (lock held)."""
+        plans = []
+        index = self._segment_index(start_seq)
+        sequence = start_seq
+        while sequence < stop_seq:
+            segment = self._segments[index]
+            segment_stop = stop_seq
+            if index + 1 < len(self._segments):
+                segment_stop = min(stop_seq, self._segments[index + 1].base_seq)
+            if sequence < segment_stop:
+                segment.pins += 1
+                plans.append((segment, segment.plan_read(sequence, segment_stop)))
+            sequence = segment_stop
+            index += 1
+        return plans
+
+    def _unpin(self, segment: Segment) -> None:
+        segment.pins -= 1
+        if segment.retired and segment.pins == 0:
+            segment.close()
+
+    def _retire(self, segment: Segment) -> None:
+        """Closes the segment's descriptors now or at its last reader's unpin (lock held)."""
+        segment.retired = True
+        if segment.pins == 0:
+            segment.close()
+
+    def _segment_index(self, sequence: int) -> int:
+        bases = [segment.base_seq for segment in self._segments]
+        index = bisect.bisect_right(bases, sequence) - 1
+        assert index >= 0
+        return index
+
+    def _check_cursor(self, sequence: int) -> None:
+        begin_seq = self._segments[0].base_seq
+        if not begin_seq <= sequence <= self._end_seq:
+            raise InvalidCursor(
+                f"sequence {sequence} is outside [{begin_seq}, {self._end_seq}] of {self.path}"
+            )
+
+    # --- positions and times --------------------------------------------------------------
+
+    @property
+    def begin_seq(self) -> int:
+        with self._lock:
+            return self._segments[0].base_seq
+
+    @property
+    def end_seq(self) -> int:
+        with self._lock:
+            return self._end_seq
+
+    def receive_time_ms(self, seq: int) -> int:
+        """The receive time of record ``seq``; for end_seq, the newest record's (or the clock's
+        when the shard holds no record)."""
+        with self._lock:
+            self._check_open()
+            self._check_cursor(seq)
+            if seq == self._end_seq:
+                if self._segments[0].base_seq == self._end_seq:
+                    return self._clock.wall_ms()
+                seq -= 1
+            segment = self._segments[self._segment_index(seq)]
+            return segment.time_index.time_of(seq - segment.base_seq)
+
+    def seq_for_time(self, time_ms: int) -> int:
+        """The first retained record whose receive time is >= ``time_ms``, else end_seq."""
+        with self._lock:
+            self._check_open()
+            for segment in self._segments:
+                if segment.base_seq >= self._end_seq:
+                    break
+                max_time_ms = segment.max_time_ms
+                if max_time_ms is None or max_time_ms < time_ms:
+                    continue
+                relative_sequence = segment.time_index.first_at_or_after(time_ms)
+                assert relative_sequence is not None
+                return min(segment.base_seq + relative_sequence, self._end_seq)
+            return self._end_seq
+
+    # --- retention ------------------------------------------------------------------------
+
+    def apply_retention(self, now_ms: int, ttl_ms: int) -> int:
+        """Deletes whole segments from the front whose newest record is older than
+        ``now_ms - ttl_ms``, the active one too (after rolling an empty one at end_seq).
+        Returns the number of segments deleted."""
+        assert ttl_ms >= 0
+        cutoff_ms = now_ms - ttl_ms
+        with self._condition:
+            self._acquire_writer()
+            try:
+                active = self._segments[-1]
+                if active.record_count > 0 and _expired(active, cutoff_ms):
+                    self._roll_empty(active)
+                doomed = self._take_expired(cutoff_ms)
+                if doomed:
+                    self._delete(doomed)
+                return len(doomed)
+            except OSError as exc:
+                raise StorageError(f"{self.path}: retention failed: {exc!r}") from exc
+            finally:
+                self._release_writer()
+
+    def _roll_empty(self, active: Segment) -> None:
+        """Starts an empty segment at end_seq so that the active one can be deleted and
+        sequences never go back (writer role and lock held; drops the lock for the I/O)."""
+        self._condition.release()
+        try:
+            active.seal()
+            new_segment = Segment.create(
+                self.path,
+                active.next_seq,
+                index_interval_bytes=self._config.index_interval_bytes,
+                payload_bytes_max=self._config.payload_bytes_max,
+            )
+            new_segment.next_seq = active.next_seq
+            fsync_directory(self.path)
+        finally:
+            self._condition.acquire()
+        self._fsync_count += 1
+        self._segments.append(new_segment)
+
+    def _take_expired(self, cutoff_ms: int) -> list[Segment]:
+        doomed = []
+        while len(self._segments) > 1 and _expired(self._segments[0], cutoff_ms):
+            doomed.append(self._segments.pop(0))
+        return doomed
+
+    def _delete(self, doomed: list[Segment]) -> None:
+        """Unlinks segments already removed from the list, front first (lock held)."""
+        for segment in doomed:
+            segment.delete_files()
+            self._retire(segment)
+        fsync_directory(self.path)
+        logger.info(
+            "shard log %s: retention deleted %d segments, begin_seq %d",
+            self.path,
+            len(doomed),
+            self._segments[0].base_seq,
+        )
+
+    # --- the rest ---------------------------------------------------------------------------
+
+    def statistics(self) -> ShardLogStatistics:
+        with self._lock:
+            return ShardLogStatistics(
+                begin_seq=self._segments[0].base_seq,
+                end_seq=self._end_seq,
+                segment_count=len(self._segments),
+                size_bytes=sum(segment.committed_size_bytes for segment in self._segments),
+                fsync_count=self._fsync_count,
+                append_count=self._append_count,
+            )
+
+    def close(self) -> None:
+        """Fails queued appends with StorageClosedError, syncs and closes. Idempotent."""
+        with self._condition:
+            if self._closed:
+                return
+            while self._writer_busy:
+                self._condition.wait()
+            self._closed = True
+            for request in self._queue:
+                request.error = StorageClosedError(f"shard log {self.path} is closed")
+                request.done = True
+            self._queue = []
+            self._condition.notify_all()
+        self._stop_syncing.set()
+        if self._sync_thread is not None:
+            self._sync_thread.join()
+        with self._lock:
+            try:
+                if self._config.fsync_policy == "interval" and self._broken is None:
+                    self._segments[-1].sync()
+                    self._fsync_count += 1
+            finally:
+                for segment in self._segments:
+                    self._retire(segment)
+
+
+def _expired(segment: Segment, cutoff_ms: int) -> bool:
+    """Whether every record of ``segment`` is older than the cut-off (true when empty)."""
+    max_time_ms = segment.max_time_ms
+    return max_time_ms is None or max_time_ms < cutoff_ms

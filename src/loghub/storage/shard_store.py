@@ -1,0 +1,88 @@
+"""Every shard log under one data directory: ``<data_dir>/<logstore_key>/<shard_id>/``.
+
+Byte layout: none of its own; each shard directory is a ``ShardLog`` (see ``shard_log``).
+``logstore_key`` is a relative path made by the caller (``"project/logstore-1a2b3c4d"``).
+
+After a crash: nothing to do here; each shard log recovers its own tail when first opened.
+A ``drop_logstore`` cut short by a crash leaves part of the directory, which the caller
+(which owns the key) may drop again.
+
+Thread-safety: thread-safe. One lock guards the cache of open shard logs; a shard log is
+opened (and recovered) under it, so two callers never open the same directory twice.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+
+from loghub._clock import Clock
+from loghub.errors import StorageClosedError
+from loghub.storage._files import fsync_directory
+from loghub.storage.shard_log import ShardLog, StorageConfig
+
+__all__ = ["ShardStore"]
+
+
+class ShardStore:
+    """All shard logs under one data directory: <data_dir>/<logstore_key>/<shard_id>/"""
+
+    def __init__(self, data_dir: Path, config: StorageConfig, clock: Clock) -> None:
+        self.data_dir = data_dir
+        self._config = config
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._logs: dict[tuple[str, int], ShardLog] = {}
+        self._closed = False
+
+    def shard(self, logstore_key: str, shard_id: int) -> ShardLog:
+        """The shard's log, opened (and created) on first use."""
+        directory = self._logstore_directory(logstore_key) / str(shard_id)
+        assert shard_id >= 0
+        with self._lock:
+            self._check_open()
+            log = self._logs.get((logstore_key, shard_id))
+            if log is None:
+                log = ShardLog.open(directory, self._config, self._clock)
+                self._logs[(logstore_key, shard_id)] = log
+            return log
+
+    def drop_logstore(self, logstore_key: str) -> None:
+        """Closes the logstore's shard logs and deletes its directory."""
+        directory = self._logstore_directory(logstore_key)
+        with self._lock:
+            self._check_open()
+            for key in [key for key in self._logs if key[0] == logstore_key]:
+                self._logs.pop(key).close()
+            if directory.exists():
+                shutil.rmtree(directory)
+                fsync_directory(directory.parent)
+
+    def apply_retention(
+        self, logstore_key: str, shard_ids: Iterable[int], now_ms: int, ttl_ms: int
+    ) -> int:
+        """Applies the TTL to each shard; returns the segments deleted in all."""
+        return sum(
+            self.shard(logstore_key, shard_id).apply_retention(now_ms, ttl_ms)
+            for shard_id in shard_ids
+        )
+
+    def close(self) -> None:
+        """Closes every open shard log. Idempotent."""
+        with self._lock:
+            self._closed = True
+            logs, self._logs = list(self._logs.values()), {}
+        for log in logs:
+            log.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageClosedError(f"shard store {self.data_dir} is closed")
+
+    def _logstore_directory(self, logstore_key: str) -> Path:
+        key = PurePosixPath(logstore_key)
+        assert logstore_key and not key.is_absolute(), logstore_key
+        assert ".." not in key.parts and "." not in logstore_key.split("/"), logstore_key
+        return self.data_dir / key

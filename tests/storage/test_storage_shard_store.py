@@ -1,0 +1,92 @@
+"""ShardStore: one directory per logstore and shard, lazily opened, dropped as a whole."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from storage_helpers import SMALL, FakeClock
+
+from loghub.errors import StorageClosedError
+from loghub.storage import ShardStore
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: FakeClock) -> Iterator[ShardStore]:
+    shard_store = ShardStore(tmp_path / "data", SMALL, clock)
+    yield shard_store
+    shard_store.close()
+
+
+def test_shards_live_in_their_own_directories_and_are_cached(
+    store: ShardStore, tmp_path: Path
+) -> None:
+    log = store.shard("project/logstore-1a2b3c4d", 0)
+    other = store.shard("project/logstore-1a2b3c4d", 1)
+
+    assert store.shard("project/logstore-1a2b3c4d", 0) is log
+    assert other is not log
+    assert log.path == tmp_path / "data" / "project" / "logstore-1a2b3c4d" / "0"
+    log.append(b"zero", 1)
+    assert other.end_seq == 0
+
+
+def test_concurrent_first_use_opens_one_log(store: ShardStore) -> None:
+    logs = []
+    threads = [
+        threading.Thread(target=lambda: logs.append(store.shard("p/l", 3))) for _ in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({id(log) for log in logs}) == 1
+
+
+def test_drop_logstore_closes_its_logs_and_deletes_the_directory(
+    store: ShardStore, tmp_path: Path
+) -> None:
+    log = store.shard("p/gone", 0)
+    log.append(b"x", 1)
+    kept = store.shard("p/kept", 0)
+    kept.append(b"y", 1)
+
+    store.drop_logstore("p/gone")
+
+    assert not (tmp_path / "data" / "p" / "gone").exists()
+    with pytest.raises(StorageClosedError):
+        log.append(b"x", 1)
+    assert store.shard("p/gone", 0).end_seq == 0  # a new, empty log
+    assert kept.read(0, 10, 100).data == b"y"
+
+
+def test_retention_applies_to_each_listed_shard(store: ShardStore) -> None:
+    for shard_id in (0, 1):
+        for _ in range(20):
+            store.shard("p/l", shard_id).append(b"0123456789" * 4, 1000)
+
+    deleted = store.apply_retention("p/l", [0, 1], now_ms=100_000, ttl_ms=1000)
+
+    assert deleted > 2
+    for shard_id in (0, 1):
+        log = store.shard("p/l", shard_id)
+        assert log.begin_seq == log.end_seq == 20
+
+
+@pytest.mark.parametrize("key", ["../escape", "/absolute", "p/../q", ""])
+def test_logstore_keys_must_be_relative_paths_without_parent_steps(
+    store: ShardStore, key: str
+) -> None:
+    with pytest.raises(AssertionError):
+        store.shard(key, 0)
+
+
+def test_closed_store_refuses_shards(store: ShardStore) -> None:
+    log = store.shard("p/l", 0)
+    store.close()
+    with pytest.raises(StorageClosedError):
+        store.shard("p/l", 0)
+    with pytest.raises(StorageClosedError):
+        log.read(0, 1, 1)
