@@ -27,6 +27,7 @@ from loghub.wire.signing import Credentials, VerifiedRequest, sign_v1, sign_v4, 
 
 __all__ = [
     "COMPRESS_TYPES",
+    "SEQUENCE_MAX",
     "Credentials",
     "Log",
     "LogDict",
@@ -34,7 +35,6 @@ __all__ = [
     "LogGroupDict",
     "LogGroupList",
     "LogTag",
-    "SEQUENCE_MAX",
     "VerifiedRequest",
     "choose_response_compression",
     "compress",

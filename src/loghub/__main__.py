@@ -1,0 +1,3 @@
+from loghub.cli import main
+
+main()

@@ -1,0 +1,346 @@
+"""The `loghub` command: run a server, manage projects and logstores, produce and tail logs.
+
+Every client command takes --endpoint and keys from flags or the environment
+(LOGHUB_ENDPOINT, LOGHUB_ACCESS_KEY_ID, LOGHUB_ACCESS_KEY_SECRET). Errors print as
+`error: <Code>: <message>` and exit with status 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from loghub.client import LogHubClient, ShardInfo
+from loghub.errors import LogHubError, ShardReadOnly
+from loghub.metadata.hashing import md5_hash_key, parse_hash_key
+from loghub.wire.logs import make_log_group
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="LogHub: a self-hosted log hub that speaks the LogHub protocol.",
+)
+project_app = typer.Typer(no_args_is_help=True, help="Create and list projects.")
+logstore_app = typer.Typer(no_args_is_help=True, help="Create, list and delete logstores.")
+app.add_typer(project_app, name="project")
+app.add_typer(logstore_app, name="logstore")
+
+err = Console(stderr=True)
+
+Endpoint = Annotated[str, typer.Option(envvar="LOGHUB_ENDPOINT", help="host:port of the server")]
+KeyId = Annotated[str, typer.Option(envvar="LOGHUB_ACCESS_KEY_ID", help="access key id")]
+KeySecret = Annotated[
+    str, typer.Option(envvar="LOGHUB_ACCESS_KEY_SECRET", help="access key secret")
+]
+Project = Annotated[str, typer.Option("--project", "-p", envvar="LOGHUB_PROJECT")]
+
+
+def _client(endpoint: str, key_id: str, key_secret: str) -> LogHubClient:
+    return LogHubClient(endpoint, key_id, key_secret)
+
+
+@app.command()
+def serve(
+    data_dir: Annotated[Path, typer.Option(help="where logs and metadata are kept")] = Path("data"),
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
+    database_url: Annotated[
+        str | None, typer.Option(help="metadata database URL (default: SQLite in data dir)")
+    ] = None,
+    keys_file: Annotated[
+        Path | None, typer.Option(help='JSON file of access keys {"id": "secret"}')
+    ] = None,
+    fsync: Annotated[str, typer.Option(help="always (group commit) or interval")] = "always",
+    fsync_interval_ms: Annotated[int, typer.Option(help="with --fsync interval")] = 1000,
+    public_host: Annotated[
+        list[str] | None, typer.Option(help="a host name clients use for this server")
+    ] = None,
+) -> None:
+    """Run a LogHub server."""
+    from loghub.server import ServerConfig, load_keys
+    from loghub.server import serve as run_server
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if fsync not in ("always", "interval"):
+        raise typer.BadParameter("--fsync must be always or interval")
+    policy: Literal["always", "interval"] = "always" if fsync == "always" else "interval"
+    config = ServerConfig(
+        data_dir=data_dir,
+        host=host,
+        port=port,
+        database_url=database_url,
+        keys=load_keys(keys_file),
+        base_hosts=ServerConfig.base_hosts + tuple(h.lower() for h in public_host or ()),
+        fsync_policy=policy,
+        fsync_interval_ms=fsync_interval_ms,
+    )
+    run_server(config)
+
+
+@project_app.command("create")
+def project_create(
+    name: str,
+    description: str = "",
+    endpoint: Endpoint = "127.0.0.1:8080",
+    access_key_id: KeyId = "",
+    access_key_secret: KeySecret = "",
+) -> None:
+    """Create a project."""
+    with _client(endpoint, access_key_id, access_key_secret) as client:
+        client.create_project(name, description)
+    print(f"created project {name}")
+
+
+@project_app.command("list")
+def project_list(
+    endpoint: Endpoint = "127.0.0.1:8080",
+    access_key_id: KeyId = "",
+    access_key_secret: KeySecret = "",
+) -> None:
+    """List projects."""
+    with _client(endpoint, access_key_id, access_key_secret) as client:
+        for project in client.list_projects():
+            print(project["projectName"])
+
+
+@logstore_app.command("create")
+def logstore_create(
+    name: str,
+    project: Project,
+    shards: Annotated[int, typer.Option(help="number of shards")] = 2,
+    ttl: Annotated[int, typer.Option(help="days to keep data")] = 30,
+    endpoint: Endpoint = "127.0.0.1:8080",
+    access_key_id: KeyId = "",
+    access_key_secret: KeySecret = "",
+) -> None:
+    """Create a logstore."""
+    with _client(endpoint, access_key_id, access_key_secret) as client:
+        client.create_logstore(project, name, shard_count=shards, ttl_days=ttl)
+    print(f"created logstore {project}/{name} with {shards} shards")
+
+
+@logstore_app.command("list")
+def logstore_list(
+    project: Project,
+    endpoint: Endpoint = "127.0.0.1:8080",
+    access_key_id: KeyId = "",
+    access_key_secret: KeySecret = "",
+) -> None:
+    """List the logstores of a project."""
+    with _client(endpoint, access_key_id, access_key_secret) as client:
+        for name in client.list_logstores(project):
+            print(name)
+
+
+@logstore_app.command("delete")
+def logstore_delete(
+    name: str,
+    project: Project,
+    endpoint: Endpoint = "127.0.0.1:8080",
+    access_key_id: KeyId = "",
+    access_key_secret: KeySecret = "",
+) -> None:
+    """Delete a logstore and its data."""
+    with _client(endpoint, access_key_id, access_key_secret) as client:
+        client.delete_logstore(project, name)
+    print(f"deleted logstore {project}/{name}")
+
+
+def _log_record(line: str, time_field: str) -> tuple[int, dict[str, str]] | None:
+    line = line.strip()
+    if not line:
+        return None
+    value = json.loads(line)
+    if not isinstance(value, dict):
+        raise ValueError("each line must be a JSON object")
+    log_time = value.pop(time_field, None)
+    when = int(log_time) if isinstance(log_time, int | float) else int(time.time())
+    contents = {
+        str(k): v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+        for k, v in value.items()
+    }
+    return when, contents
+
+
+class _Router:
+    """Sends each log to the readwrite shard whose range covers its key, in one group per
+    shard; after a split or merge (ShardReadOnly) it refreshes the shard list and re-sends."""
+
+    def __init__(self, client: LogHubClient, project: str, logstore: str) -> None:
+        self.client, self.project, self.logstore = client, project, logstore
+        self.shards: list[ShardInfo] = []
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.shards = [
+            s for s in self.client.list_shards(self.project, self.logstore) if s.writable
+        ]
+
+    def shard_for(self, key: int) -> int:
+        for shard in self.shards:
+            begin = parse_hash_key(shard.inclusive_begin_key)
+            end = parse_hash_key(shard.exclusive_end_key)
+            if begin <= key < end or (key == end and end == 2**128 - 1):
+                return shard.shard_id
+        raise LogHubError(f"no readwrite shard covers key {key:032x}")
+
+    def send(self, records: list[tuple[int, dict[str, str]]], keys: list[int]) -> None:
+        for _attempt in range(5):
+            buckets: dict[int, list[tuple[int, dict[str, str]]]] = {}
+            for record, key in zip(records, keys, strict=True):
+                buckets.setdefault(self.shard_for(key), []).append(record)
+            try:
+                for shard_id, bucket in buckets.items():
+                    self.client.put_log_group(
+                        self.project, self.logstore, make_log_group(bucket), shard_id=shard_id
+                    )
+                return
+            except ShardReadOnly:
+                self.refresh()  # the shard split or merged: route again (may resend a bucket)
+        raise LogHubError("shards kept changing while sending; giving up")
+
+
+def _batches(
+    lines: Iterator[str], batch_size: int, time_field: str
+) -> Iterator[list[tuple[int, dict[str, str]]]]:
+    batch: list[tuple[int, dict[str, str]]] = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = _log_record(line, time_field)
+        except ValueError as exc:
+            raise LogHubError(f"line {number}: {exc}") from exc
+        if record is not None:
+            batch.append(record)
+        if len(batch) >= batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+@app.command()
+def produce(
+    logstore: str,
+    project: Project,
+    hash_key_field: Annotated[
+        str | None, typer.Option(help="route each log by the MD5 of this field")
+    ] = None,
+    batch_size: Annotated[int, typer.Option(help="logs per PutLogs")] = 4096,
+    time_field: Annotated[str, typer.Option(help="field holding unix seconds")] = "__time__",
+    endpoint: Endpoint = "127.0.0.1:8080",
+    access_key_id: KeyId = "",
+    access_key_secret: KeySecret = "",
+) -> None:
+    """Send JSON lines from stdin to a logstore, in batches."""
+    sent = 0
+    with (
+        _client(endpoint, access_key_id, access_key_secret) as client,
+        Progress(
+            TextColumn("[bold]produce"),
+            BarColumn(),
+            TextColumn("{task.completed} logs"),
+            TimeElapsedColumn(),
+            console=err,
+            transient=False,
+            disable=not err.is_terminal,
+        ) as progress,
+    ):
+        task = progress.add_task("produce", total=None)
+        router = _Router(client, project, logstore) if hash_key_field else None
+        for batch in _batches(iter(sys.stdin), batch_size, time_field):
+            if router is not None:
+                assert hash_key_field is not None
+                keys = [md5_hash_key(contents.get(hash_key_field, "")) for _, contents in batch]
+                router.send(batch, keys)
+            else:
+                client.put_log_group(project, logstore, make_log_group(batch))
+            sent += len(batch)
+            progress.update(task, completed=sent)
+    err.print(f"sent {sent} logs")
+
+
+def _log_lines(shard_id: int, cursor: str, result_groups: Any) -> Iterator[str]:
+    for group in result_groups:
+        tags = {t.Key: t.Value for t in group.LogTags}
+        for log_entry in group.Logs:
+            yield json.dumps(
+                {
+                    "shard": shard_id,
+                    "cursor": cursor,
+                    "time": log_entry.Time,
+                    "topic": group.Topic,
+                    "source": group.Source,
+                    "tags": tags,
+                    "contents": {c.Key: c.Value for c in log_entry.Contents},
+                },
+                ensure_ascii=False,
+            )
+
+
+@app.command()
+def tail(
+    logstore: str,
+    project: Project,
+    shard: Annotated[int | None, typer.Option(help="one shard (default: all)")] = None,
+    start: Annotated[str, typer.Option("--from", help="begin, end, or unix seconds")] = "end",
+    follow: Annotated[bool, typer.Option(help="keep waiting for new logs")] = True,
+    poll_interval_s: Annotated[float, typer.Option(help="wait when caught up")] = 1.0,
+    endpoint: Endpoint = "127.0.0.1:8080",
+    access_key_id: KeyId = "",
+    access_key_secret: KeySecret = "",
+) -> None:
+    """Print a logstore's logs as JSON lines (shard, cursor, time, contents)."""
+    with _client(endpoint, access_key_id, access_key_secret) as client:
+        shard_ids = (
+            [shard]
+            if shard is not None
+            else [s.shard_id for s in client.list_shards(project, logstore)]
+        )
+        cursors = {s: client.get_cursor(project, logstore, s, start) for s in shard_ids}
+        while True:
+            idle = True
+            for shard_id, cursor in cursors.items():
+                result = client.pull_logs(project, logstore, shard_id, cursor)
+                for line in _log_lines(shard_id, cursor, result.log_groups):
+                    print(line, flush=False)
+                if result.count:
+                    idle = False
+                cursors[shard_id] = result.next_cursor
+            sys.stdout.flush()
+            if idle:
+                if not follow:
+                    return
+                time.sleep(poll_interval_s)
+
+
+@app.command()
+def demo(
+    data_dir: Annotated[Path, typer.Option(help="where the embedded server keeps data")] = Path(
+        "run-data"
+    ),
+    logs: Annotated[int, typer.Option(help="sample access logs to produce")] = 20_000,
+) -> None:
+    """Start an embedded server, produce sample web access logs, read them back, summarise."""
+    from loghub.demo import run_demo
+
+    run_demo(data_dir, logs)
+
+
+def main() -> None:
+    try:
+        app()
+    except LogHubError as exc:
+        err.print(f"error: {exc}")
+        raise SystemExit(1) from None

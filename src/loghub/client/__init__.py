@@ -1,0 +1,5 @@
+"""A Python client of the LogHub REST API (httpx). Never imports the server."""
+
+from loghub.client.client import LogHubClient, PullResult, ShardInfo
+
+__all__ = ["LogHubClient", "PullResult", "ShardInfo"]

@@ -1,0 +1,329 @@
+"""LogHubClient: the REST API of a LogHub server (or the hosted service) from Python.
+
+Project addressing is explicit: the client connects to the endpoint it was given and names the
+project in the `Host` header (``<project>.<endpoint host>``), as the protocol wants, without
+needing DNS to resolve ``<project>.<host>``. Requests are signed (v1 by default, v4 on request)
+when keys are given. Error replies raise the matching ``loghub.errors`` class, so
+``except LogStoreNotExist`` works the same in and out of the server.
+
+Thread-safety: one client may be shared by threads (httpx.Client is thread-safe).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal
+from urllib.parse import urlencode, urlsplit
+
+import httpx
+
+from loghub._clock import Clock, SystemClock
+from loghub.errors import TransportError
+from loghub.wire.compression import compress, decompress
+from loghub.wire.errors import error_from_body
+from loghub.wire.logs import parse_log_group_list
+from loghub.wire.proto import LogGroup, LogGroupList
+from loghub.wire.signing import Credentials, sign_v1, sign_v4
+
+__all__ = ["LogHubClient", "PullResult", "ShardInfo"]
+
+API_VERSION = "0.6.0"
+_PULL_RAW_BYTES_MAX = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    shard_id: int
+    status: str
+    inclusive_begin_key: str
+    exclusive_end_key: str
+    create_time: int
+
+    @property
+    def writable(self) -> bool:
+        return self.status.lower() == "readwrite"
+
+
+@dataclass(frozen=True)
+class PullResult:
+    log_group_list: LogGroupList
+    next_cursor: str
+    count: int
+    raw_size: int
+
+    @property
+    def log_groups(self) -> Sequence[LogGroup]:
+        return self.log_group_list.LogGroups  # type: ignore[no-any-return]
+
+
+class LogHubClient:
+    def __init__(
+        self,
+        endpoint: str,
+        access_key_id: str = "",
+        access_key_secret: str = "",
+        *,
+        auth_version: Literal["v1", "v4"] = "v1",
+        region: str = "",
+        timeout_s: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if "://" not in endpoint:
+            endpoint = "http://" + endpoint
+        parts = urlsplit(endpoint)
+        assert parts.hostname, f"endpoint {endpoint!r} has no host"
+        self._base_url = f"{parts.scheme}://{parts.netloc}"
+        self._host = parts.hostname
+        self._credentials = (
+            Credentials(access_key_id, access_key_secret)
+            if access_key_id and access_key_secret
+            else None
+        )
+        assert auth_version != "v4" or region, "v4 signing needs a region"
+        self._auth_version = auth_version
+        self._region = region
+        self._clock = clock or SystemClock()
+        self._http = httpx.Client(timeout=timeout_s, transport=transport, trust_env=False)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> LogHubClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- transport ---------------------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        project: str | None,
+        path: str,
+        query: Sequence[tuple[str, str]] = (),
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        all_headers = {
+            "host": f"{project}.{self._host}" if project else self._host,
+            "x-log-apiversion": API_VERSION,
+            "x-log-bodyrawsize": str(len(body)),
+        }
+        all_headers.update({k.lower(): v for k, v in (headers or {}).items()})
+        if self._credentials is not None:
+            now_s = self._clock.wall_ms() / 1000
+            if self._auth_version == "v4":
+                sign_v4(
+                    method, path, query, all_headers, body, self._credentials, self._region, now_s
+                )
+            else:
+                sign_v1(method, path, query, all_headers, body, self._credentials, now_s)
+        url = self._base_url + path + ("?" + urlencode(list(query)) if query else "")
+        try:
+            response = self._http.request(method, url, content=body, headers=all_headers)
+        except httpx.HTTPError as exc:
+            raise TransportError(f"{method} {path}: {exc}") from exc
+        if response.status_code != 200:
+            raise error_from_body(
+                response.status_code, response.content, response.headers.get("x-log-requestid")
+            )
+        return response
+
+    def _json_request(
+        self,
+        method: str,
+        project: str | None,
+        path: str,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+    ) -> Any:
+        payload = b"" if body is None else json.dumps(body).encode()
+        response = self._request(
+            method, project, path, query, payload, {"content-type": "application/json"}
+        )
+        return response.json() if response.content else None
+
+    # -- projects ----------------------------------------------------------------------------
+
+    def health(self) -> bool:
+        try:
+            return self._http.get(self._base_url + "/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def create_project(self, project: str, description: str = "") -> None:
+        self._json_request(
+            "POST", project, "/", body={"projectName": project, "description": description}
+        )
+
+    def get_project(self, project: str) -> dict[str, Any]:
+        return dict(self._json_request("GET", project, "/"))
+
+    def list_projects(self, offset: int = 0, size: int = 500) -> list[dict[str, Any]]:
+        reply = self._json_request("GET", None, "/", [("offset", str(offset)), ("size", str(size))])
+        return list(reply["projects"])
+
+    def delete_project(self, project: str) -> None:
+        self._json_request("DELETE", project, "/")
+
+    # -- logstores ---------------------------------------------------------------------------
+
+    def create_logstore(
+        self,
+        project: str,
+        logstore: str,
+        *,
+        shard_count: int = 2,
+        ttl_days: int = 30,
+        **fields: Any,
+    ) -> None:
+        body = {"logstoreName": logstore, "ttl": ttl_days, "shardCount": shard_count}
+        body.update(fields)
+        self._json_request("POST", project, "/logstores", body=body)
+
+    def get_logstore(self, project: str, logstore: str) -> dict[str, Any]:
+        return dict(self._json_request("GET", project, f"/logstores/{logstore}"))
+
+    def list_logstores(self, project: str, offset: int = 0, size: int = 500) -> list[str]:
+        reply = self._json_request(
+            "GET", project, "/logstores", [("offset", str(offset)), ("size", str(size))]
+        )
+        return list(reply["logstores"])
+
+    def update_logstore(self, project: str, logstore: str, **fields: Any) -> None:
+        body = self.get_logstore(project, logstore)
+        body.update(fields)
+        self._json_request("PUT", project, f"/logstores/{logstore}", body=body)
+
+    def delete_logstore(self, project: str, logstore: str) -> None:
+        self._json_request("DELETE", project, f"/logstores/{logstore}")
+
+    def list_shards(self, project: str, logstore: str) -> list[ShardInfo]:
+        reply = self._json_request("GET", project, f"/logstores/{logstore}/shards")
+        return [
+            ShardInfo(
+                shard_id=int(s["shardID"]),
+                status=str(s["status"]),
+                inclusive_begin_key=str(s["inclusiveBeginKey"]),
+                exclusive_end_key=str(s["exclusiveEndKey"]),
+                create_time=int(s.get("createTime", 0)),
+            )
+            for s in reply
+        ]
+
+    # -- data --------------------------------------------------------------------------------
+
+    def put_log_group(
+        self,
+        project: str,
+        logstore: str,
+        log_group: LogGroup | bytes,
+        *,
+        hash_key: str | None = None,
+        shard_id: int | None = None,
+        compress_type: str = "lz4",
+    ) -> None:
+        """Writes one log group: to `shard_id`, to the shard covering `hash_key`, or to any
+        readwrite shard (load-balanced)."""
+        raw = log_group if isinstance(log_group, bytes) else log_group.SerializeToString()
+        query: list[tuple[str, str]] = []
+        if shard_id is not None:
+            target = str(shard_id)
+        elif hash_key is not None:
+            target, query = "route", [("key", hash_key)]
+        else:
+            target = "lb"
+        headers = {"content-type": "application/x-protobuf"}
+        body = raw
+        if compress_type:
+            body = compress(compress_type, raw)
+            headers["x-log-compresstype"] = compress_type
+        headers["x-log-bodyrawsize"] = str(len(raw))
+        self._request(
+            "POST", project, f"/logstores/{logstore}/shards/{target}", query, body, headers
+        )
+
+    def get_cursor(self, project: str, logstore: str, shard_id: int, position: str | int) -> str:
+        """The cursor at `begin`, `end`, or the first group received at or after a unix time."""
+        reply = self._json_request(
+            "GET",
+            project,
+            f"/logstores/{logstore}/shards/{shard_id}",
+            [("type", "cursor"), ("from", str(position))],
+        )
+        return str(reply["cursor"])
+
+    def get_cursor_time(self, project: str, logstore: str, shard_id: int, cursor: str) -> int:
+        reply = self._json_request(
+            "GET",
+            project,
+            f"/logstores/{logstore}/shards/{shard_id}",
+            [("type", "cursor_time"), ("cursor", cursor)],
+        )
+        return int(reply["cursor_time"])
+
+    def pull_logs(
+        self,
+        project: str,
+        logstore: str,
+        shard_id: int,
+        cursor: str,
+        count: int = 1000,
+        end_cursor: str | None = None,
+        compress_type: str = "lz4",
+    ) -> PullResult:
+        query = [("type", "log"), ("cursor", cursor), ("count", str(count))]
+        if end_cursor is not None:
+            query.append(("end_cursor", end_cursor))
+        response = self._request(
+            "GET",
+            project,
+            f"/logstores/{logstore}/shards/{shard_id}",
+            query,
+            headers={"accept": "application/x-protobuf", "accept-encoding": compress_type},
+        )
+        raw_size = int(response.headers.get("x-log-bodyrawsize", "0"))
+        raw = b""
+        if raw_size:
+            raw = decompress(
+                response.headers.get("x-log-compresstype"),
+                response.content,
+                raw_size,
+                max(raw_size, _PULL_RAW_BYTES_MAX),
+            )
+        return PullResult(
+            log_group_list=parse_log_group_list(raw),
+            next_cursor=response.headers.get("x-log-cursor") or cursor,
+            count=int(response.headers.get("x-log-count", "0")),
+            raw_size=raw_size,
+        )
+
+    def iter_pull(
+        self,
+        project: str,
+        logstore: str,
+        shard_id: int,
+        start_cursor: str,
+        end_cursor: str | None = None,
+        count: int = 1000,
+    ) -> Iterator[PullResult]:
+        """Pulls from `start_cursor` until `end_cursor` (exclusive), or until the shard's end
+        as it was when the iteration reached it. Yields only non-empty results."""
+        cursor = start_cursor
+        while True:
+            result = self.pull_logs(project, logstore, shard_id, cursor, count, end_cursor)
+            if result.count:
+                yield result
+            if result.next_cursor == end_cursor or result.count == 0:
+                return
+            cursor = result.next_cursor

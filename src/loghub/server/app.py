@@ -1,0 +1,385 @@
+"""The HTTP face of the server: the LogHub REST API as an ASGI application.
+
+Routing follows the protocol reference: the project comes from the first label of the `Host`
+header (``<project>.<base host>``), never from the path, and one path often carries several
+operations told apart by the method and the `type` or `action` query parameter. Absolute-form
+request targets (``GET http://proj.127.0.0.1:8080/logstores HTTP/1.1``, what the SDK sends
+through ``HTTP_PROXY``) reach here as plain paths: uvicorn's parser keeps only path and query.
+
+Every failure becomes ``{"errorCode", "errorMessage", "requestId"}`` with the status from
+``server/errors.py``; an unexpected exception is logged and answered with 500
+InternalServerError (never with its text, which may hold internals).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from loghub._clock import Clock, SystemClock
+from loghub.errors import (
+    LogHubError,
+    ParameterInvalid,
+    PostBodyInvalid,
+    PostBodyTooLarge,
+    ProjectNotExist,
+)
+from loghub.server.config import ServerConfig
+from loghub.server.errors import http_status
+from loghub.server.service import LogHubService, parse_shard_id
+from loghub.wire.compression import choose_response_compression
+from loghub.wire.errors import error_body
+from loghub.wire.signing import verify
+
+__all__ = ["LogHubApp", "build_app", "project_from_host"]
+
+log = logging.getLogger("loghub.server")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+T = TypeVar("T")
+
+_JSON = "application/json"
+_PROTOBUF = "application/x-protobuf"
+
+
+def project_from_host(host: str, base_hosts: tuple[str, ...]) -> str | None:
+    """The project named by a Host header, or None for a request to the server itself."""
+    host = host.strip().lower()
+    if host.startswith("["):  # [v6]:port
+        host = host[: host.find("]") + 1]
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    if not host or host in base_hosts:
+        return None
+    for base in base_hosts:
+        if host.endswith("." + base):
+            return host[: -len(base) - 1] or None
+    if _is_ip(host):
+        return None
+    return host.split(".", 1)[0]
+
+
+def _is_ip(host: str) -> bool:
+    parts = host.split(".")
+    return len(parts) == 4 and all(p.isdigit() for p in parts)
+
+
+class _Call:
+    """One request, parsed once: what every handler needs."""
+
+    __slots__ = ("body", "method", "path", "parts", "project", "query", "request", "request_id")
+
+    def __init__(self, request: Request, request_id: str, project: str | None) -> None:
+        self.request = request
+        self.request_id = request_id
+        self.project = project
+        self.method: str = request.method
+        self.path: str = request.scope["path"]
+        self.parts = [p for p in self.path.split("/") if p]
+        raw_query: bytes = request.scope.get("query_string", b"")
+        self.query = dict(parse_qsl(raw_query.decode("latin-1"), keep_blank_values=True))
+        self.body = b""
+
+    def need_project(self) -> str:
+        if self.project is None:
+            raise ProjectNotExist("the Host header names no project (<project>.<host>)")
+        return self.project
+
+    def json_body(self) -> Any:
+        try:
+            return json.loads(self.body) if self.body else None
+        except ValueError as exc:
+            raise PostBodyInvalid(f"the body is not valid JSON: {exc}") from exc
+
+    def json_object(self) -> dict[str, Any]:
+        value = self.json_body()
+        if not isinstance(value, dict):
+            raise PostBodyInvalid("the body must be a JSON object")
+        return value
+
+
+def _json(value: Any, request_id: str) -> Response:
+    return Response(
+        json.dumps(value, separators=(",", ":")),
+        media_type=_JSON,
+        headers={"x-log-requestid": request_id},
+    )
+
+
+def _empty(request_id: str) -> Response:
+    return Response(b"", headers={"x-log-requestid": request_id})
+
+
+def _error(exc: LogHubError, request_id: str) -> Response:
+    return Response(
+        error_body(exc.code, exc.message, request_id),
+        status_code=http_status(exc),
+        media_type=_JSON,
+        headers={"x-log-requestid": request_id},
+    )
+
+
+def _int_param(call: _Call, name: str, default: int | None = None) -> int:
+    text = call.query.get(name)
+    if text is None:
+        if default is None:
+            raise ParameterInvalid(f"the query parameter {name} is required")
+        return default
+    text = text.strip()
+    if not text.lstrip("-").isdigit() or len(text) > 12:
+        raise ParameterInvalid(f"{name} must be an integer, not {text!r}")
+    return int(text)
+
+
+class LogHubApp:
+    def __init__(self, service: LogHubService) -> None:
+        self.service = service
+        self.config: ServerConfig = service.config
+        self.clock: Clock = service.clock
+        self._executor = ThreadPoolExecutor(
+            self.config.storage_threads, thread_name_prefix="loghub-storage"
+        )
+        self._retention_task: asyncio.Task[None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        request = Request(scope, receive)
+        request_id = os.urandom(12).hex().upper()
+        try:
+            response = await self._handle(request, request_id)
+        except LogHubError as exc:
+            response = _error(exc, request_id)
+        except Exception:
+            log.exception("request %s %s failed", scope.get("method"), scope.get("path"))
+            response = _error(LogHubError("internal server error"), request_id)
+        await response(scope, receive, send)
+
+    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args))
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._retention_task = asyncio.create_task(self._retention_loop())
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def close(self) -> None:
+        if self._retention_task is not None:
+            self._retention_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retention_task
+        self._executor.shutdown(wait=True)
+        self.service.close()
+
+    async def _retention_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.retention_interval_s)
+            try:
+                deleted = await self._blocking(self.service.apply_retention)
+                if deleted:
+                    log.info("retention deleted %d segments", deleted)
+            except Exception:
+                log.exception("retention failed")
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.config.limits.request_body_bytes_max
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise PostBodyTooLarge(f"the body is {declared} bytes; at most {limit} are allowed")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PostBodyTooLarge(f"the body is over {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _handle(self, request: Request, request_id: str) -> Response:
+        if request.scope["path"] == "/health":
+            return _json({"status": "ok"}, request_id)
+        project = project_from_host(request.headers.get("host", ""), self.config.base_hosts)
+        call = _Call(request, request_id, project)
+        call.body = await self._read_body(request)
+        if self.config.auth_enabled:
+            self._authenticate(call)
+        return await self._route(call)
+
+    def _authenticate(self, call: _Call) -> None:
+        headers = {k.lower(): v for k, v in call.request.headers.items()}
+        verify(
+            call.method,
+            call.path,
+            call.request.scope.get("query_string", b""),
+            headers,
+            call.body,
+            self.config.keys.get,
+            self.clock.wall_ms() / 1000,
+            float(self.config.limits.clock_skew_s_max),
+        )
+
+    async def _route(self, call: _Call) -> Response:
+        parts = call.parts
+        if not parts:
+            return await self._project(call)
+        if parts[0] == "logstores":
+            if len(parts) == 1:
+                return await self._logstores(call)
+            if len(parts) == 2:
+                return await self._logstore(call, parts[1])
+            if parts[2] == "shards" and len(parts) == 3 and call.method == "GET":
+                return self._list_shards(call, parts[1])
+            if parts[2] == "shards" and len(parts) == 4:
+                return await self._shard(call, parts[1], parts[3])
+        raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
+
+    # -- projects ----------------------------------------------------------------------------
+
+    async def _project(self, call: _Call) -> Response:
+        meta = self.service.metadata
+        if call.project is None:
+            if call.method != "GET":
+                raise ParameterInvalid(f"unsupported API: {call.method} / without a project")
+            offset = _int_param(call, "offset", 0)
+            size = _int_param(call, "size", 500)
+            projects, total = meta.list_projects(offset, size, call.query.get("projectName", ""))
+            return _json(
+                {
+                    "count": len(projects),
+                    "total": total,
+                    "projects": [p.to_json() for p in projects],
+                },
+                call.request_id,
+            )
+        if call.method == "POST":
+            body = call.json_object()
+            meta.create_project(call.project, str(body.get("description", "")))
+            return _empty(call.request_id)
+        if call.method == "GET":
+            return _json(meta.get_project(call.project).to_json(), call.request_id)
+        if call.method == "DELETE":
+            await self._blocking(self.service.delete_project, call.project)
+            return _empty(call.request_id)
+        raise ParameterInvalid(f"unsupported API: {call.method} /")
+
+    # -- logstores ---------------------------------------------------------------------------
+
+    async def _logstores(self, call: _Call) -> Response:
+        project = call.need_project()
+        if call.method == "POST":
+            self.service.create_logstore(project, call.json_object())
+            return _empty(call.request_id)
+        if call.method == "GET":
+            offset = _int_param(call, "offset", 0)
+            size = _int_param(call, "size", 500)
+            names, total = self.service.metadata.list_logstores(
+                project, offset, size, call.query.get("logstoreName", "")
+            )
+            return _json({"count": len(names), "total": total, "logstores": names}, call.request_id)
+        raise ParameterInvalid(f"unsupported API: {call.method} /logstores")
+
+    async def _logstore(self, call: _Call, name: str) -> Response:
+        project = call.need_project()
+        if call.method == "GET":
+            logstore = self.service.metadata.get_logstore(project, name)
+            return _json(logstore.to_json(), call.request_id)
+        if call.method == "PUT":
+            self.service.update_logstore(project, name, call.json_object())
+            return _empty(call.request_id)
+        if call.method == "DELETE":
+            await self._blocking(self.service.delete_logstore, project, name)
+            return _empty(call.request_id)
+        raise ParameterInvalid(f"unsupported API: {call.method} /logstores/{name}")
+
+    # -- shards ------------------------------------------------------------------------------
+
+    def _list_shards(self, call: _Call, logstore: str) -> Response:
+        shards = self.service.metadata.list_shards(call.need_project(), logstore)
+        return _json([s.to_json() for s in shards], call.request_id)
+
+    async def _shard(self, call: _Call, logstore: str, target: str) -> Response:
+        project = call.need_project()
+        if call.method == "POST" and "action" not in call.query:
+            return await self._put_logs(call, project, logstore, target)
+        if call.method == "GET":
+            shard_id = parse_shard_id(target)
+            kind = call.query.get("type")
+            if kind == "log":
+                return await self._pull_logs(call, project, logstore, shard_id)
+            if kind == "cursor":
+                position = call.query.get("from", "").strip()
+                cursor = self.service.get_cursor(project, logstore, shard_id, position)
+                return _json({"cursor": cursor}, call.request_id)
+            if kind == "cursor_time":
+                cursor_time = self.service.get_cursor_time(
+                    project, logstore, shard_id, call.query.get("cursor", "")
+                )
+                return _json({"cursor_time": cursor_time}, call.request_id)
+            raise ParameterInvalid(f"type must be log, cursor or cursor_time, not {kind!r}")
+        raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
+
+    async def _put_logs(self, call: _Call, project: str, logstore: str, target: str) -> Response:
+        shard = self.service.pick_shard(project, logstore, target, call.query.get("key"))
+        headers = call.request.headers
+        raw_size_text = headers.get("x-log-bodyrawsize")
+        raw_size = int(raw_size_text) if raw_size_text and raw_size_text.strip().isdigit() else None
+        await self._blocking(
+            self.service.put_logs,
+            project,
+            logstore,
+            shard,
+            call.body,
+            headers.get("x-log-compresstype"),
+            raw_size,
+        )
+        return _empty(call.request_id)
+
+    async def _pull_logs(self, call: _Call, project: str, logstore: str, shard_id: int) -> Response:
+        count = _int_param(call, "count", 1000)
+        accept = choose_response_compression(call.request.headers.get("accept-encoding"))
+        result = await self._blocking(
+            self.service.pull_logs,
+            project,
+            logstore,
+            shard_id,
+            call.query.get("cursor", ""),
+            count,
+            call.query.get("end_cursor"),
+            accept,
+        )
+        headers = {
+            "x-log-cursor": result.next_cursor,
+            "x-log-count": str(result.count),
+            "x-log-bodyrawsize": str(result.raw_size),
+            "x-log-requestid": call.request_id,
+        }
+        if result.compress_type:
+            headers["x-log-compresstype"] = result.compress_type
+        return Response(result.body, media_type=_PROTOBUF, headers=headers)
+
+
+def build_app(config: ServerConfig, clock: Clock | None = None) -> LogHubApp:
+    return LogHubApp(LogHubService(config, clock or SystemClock()))

@@ -1,0 +1,104 @@
+"""Server configuration: where data lives, who may call, and every limit in one place.
+
+Limits are named with their unit last and each says what happens when it is reached, so an
+operator can reason about the server from this page alone (docs/configuration.md repeats it).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from loghub.errors import ParameterInvalid
+
+__all__ = ["Limits", "ServerConfig", "is_loopback_host", "load_keys"]
+
+KEYS_ENV_ID = "LOGHUB_ACCESS_KEY_ID"
+KEYS_ENV_SECRET = "LOGHUB_ACCESS_KEY_SECRET"
+
+
+@dataclass(frozen=True)
+class Limits:
+    # A request body over this is refused with 413 PostBodyTooLarge before it is read whole.
+    # The SDK itself sends at most 30 MB raw per PutLogs.
+    request_body_bytes_max: int = 32 * 1024 * 1024
+    # A decompressed PutLogs body over this is refused (413 PostBodyTooLarge).
+    raw_body_bytes_max: int = 32 * 1024 * 1024
+    # A log group with more logs is refused (413 PostBodyTooLarge); the SDK's own cap.
+    logs_per_group_max: int = 512_000
+    # PullLogs `count` must be 1..this (400 ParameterInvalid otherwise); the SDK asks for 1000.
+    pull_groups_max: int = 1000
+    # A pull stops adding groups once this many uncompressed bytes are in the reply (it always
+    # returns at least one group); the caller continues from x-log-cursor.
+    pull_bytes_max: int = 16 * 1024 * 1024
+    # Request dates further than this from the server's clock are refused when auth is on.
+    clock_skew_s_max: int = 900
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8080
+    # SQLAlchemy URL of the metadata database; default: SQLite inside data_dir.
+    database_url: str | None = None
+    # access key id -> secret; empty means anonymous (loopback only).
+    keys: Mapping[str, str] = field(default_factory=dict)
+    # Host names that carry no project (a request to `<project>.<base>` is for <project>).
+    base_hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "::1", "[::1]")
+    fsync_policy: Literal["always", "interval"] = "always"
+    fsync_interval_ms: int = 1000
+    segment_bytes_max: int = 256 * 1024 * 1024
+    retention_interval_s: float = 60.0
+    # Threads beside the event loop for decompression, parsing, checksums and disk writes;
+    # appends waiting for a group fsync hold one each, so this also caps concurrent appends.
+    storage_threads: int = 64
+    limits: Limits = field(default_factory=Limits)
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.keys)
+
+    def metadata_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'meta.db').resolve()}"
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def load_keys(keys_file: Path | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Access keys from a JSON file (`{"<key id>": "<secret>", ...}`) and/or the environment.
+
+    The environment pair is the quick way for one key; the file is for several.
+    """
+    keys: dict[str, str] = {}
+    if keys_file is not None:
+        try:
+            loaded = json.loads(keys_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise ParameterInvalid(f"cannot read keys file {keys_file}: {exc}") from exc
+        if not isinstance(loaded, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and v for k, v in loaded.items()
+        ):
+            raise ParameterInvalid(f"keys file {keys_file} must be a JSON object of id: secret")
+        keys.update(loaded)
+    key_id = environ.get(KEYS_ENV_ID, "")
+    secret = environ.get(KEYS_ENV_SECRET, "")
+    if key_id and secret:
+        keys[key_id] = secret
+    elif key_id or secret:
+        raise ParameterInvalid(f"set both {KEYS_ENV_ID} and {KEYS_ENV_SECRET}, or neither")
+    return keys

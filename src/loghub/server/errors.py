@@ -1,0 +1,30 @@
+"""The one table from error class to HTTP status.
+
+The SDK retries any status >= 500 (and the codes InternalServerError and RequestTimeout) ten
+times, a second apart, so only faults of the server itself may map to 5xx: everything the
+client got wrong is a 4xx and fails at once.
+"""
+
+from __future__ import annotations
+
+from loghub import errors
+
+__all__ = ["http_status"]
+
+_STATUS: tuple[tuple[type[errors.LogHubError], int], ...] = (
+    # most specific first: the first class the error is an instance of wins
+    (errors.PostBodyTooLarge, 413),
+    (errors.RequestError, 400),
+    (errors.NotFoundError, 404),
+    (errors.AlreadyExistsError, 400),
+    (errors.AuthError, 401),
+    (errors.CoordinationError, 400),
+    (errors.LogHubError, 500),
+)
+
+
+def http_status(error: errors.LogHubError) -> int:
+    for cls, status in _STATUS:
+        if isinstance(error, cls):
+            return status
+    raise AssertionError("LogHubError is the last row")  # pragma: no cover

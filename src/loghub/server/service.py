@@ -1,0 +1,275 @@
+"""The server's engine: the LogHub operations over metadata and shard storage, without HTTP.
+
+The HTTP layer (``app.py``) parses requests and calls these methods; the blocking parts of
+the data path (decompression, protobuf parsing, checksums, disk writes, fsync waits) run in
+``storage_threads`` threads beside the event loop. Those libraries release the GIL, which is
+how one server process uses both cores.
+
+Thread-safety: every method may be called from any thread; the metadata store and the shard
+logs do their own locking.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from loghub._clock import Clock
+from loghub.errors import (
+    InvalidCursor,
+    LogStoreInfoInvalid,
+    ParameterInvalid,
+    PostBodyInvalid,
+    PostBodyTooLarge,
+    ShardNotExist,
+    ShardReadOnly,
+)
+from loghub.metadata import Logstore, LogstoreSpec, MetadataStore, Shard, parse_hash_key
+from loghub.server.config import ServerConfig
+from loghub.storage import ReadBatch, ShardLog, ShardStore, StorageConfig
+from loghub.wire.compression import compress, decompress
+from loghub.wire.cursor import decode_cursor, encode_cursor
+from loghub.wire.logs import frame_log_group, parse_log_group
+
+__all__ = ["LogHubService", "PullResult"]
+
+log = logging.getLogger("loghub.server")
+
+_DAY_MS = 86_400_000
+
+
+@dataclass(frozen=True)
+class PullResult:
+    body: bytes  # the (compressed) LogGroupList
+    compress_type: str  # "" when the body is not compressed
+    raw_size: int
+    count: int
+    next_cursor: str
+
+
+class LogHubService:
+    def __init__(self, config: ServerConfig, clock: Clock) -> None:
+        self.config = config
+        self.clock = clock
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.metadata = MetadataStore.open(config.metadata_url(), clock)
+        self.storage = ShardStore(
+            config.data_dir / "shards",
+            StorageConfig(
+                fsync_policy=config.fsync_policy,
+                fsync_interval_ms=config.fsync_interval_ms,
+                segment_bytes_max=config.segment_bytes_max,
+                payload_bytes_max=config.limits.raw_body_bytes_max + 16,
+            ),
+            clock,
+        )
+        self._round_robin = itertools.count()
+        self._closed = threading.Event()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.storage.close()
+        self.metadata.close()
+
+    # -- logstores ---------------------------------------------------------------------------
+
+    def create_logstore(self, project: str, body: Mapping[str, Any]) -> Logstore:
+        return self.metadata.create_logstore(project, logstore_spec_from_json(body))
+
+    def update_logstore(self, project: str, name: str, body: Mapping[str, Any]) -> Logstore:
+        """Applies the changed fields; `shardCount` is ignored, since only split and merge
+        change the shards of a logstore."""
+        return self.metadata.update_logstore(project, name, logstore_changes_from_json(body))
+
+    def delete_logstore(self, project: str, name: str) -> None:
+        logstore = self.metadata.delete_logstore(project, name)
+        self.storage.drop_logstore(logstore.storage_key)
+
+    def delete_project(self, project: str) -> None:
+        for logstore in self.metadata.delete_project(project):
+            self.storage.drop_logstore(logstore.storage_key)
+
+    # -- data path ---------------------------------------------------------------------------
+
+    def shard_log(self, project: str, logstore: str, shard_id: int) -> ShardLog:
+        store = self.metadata.get_logstore(project, logstore)
+        self.metadata.get_shard(project, logstore, shard_id)  # ShardNotExist
+        return self.storage.shard(store.storage_key, shard_id)
+
+    def pick_shard(self, project: str, logstore: str, target: str, hash_key: str | None) -> Shard:
+        """The shard a PutLogs goes to: `lb` (any readwrite shard), `route` (by key), or an id."""
+        if target == "route":
+            if hash_key is None:
+                raise ParameterInvalid("a routed write needs the query parameter key")
+            return self.metadata.shard_for_key(project, logstore, parse_hash_key(hash_key))
+        if target == "lb":
+            writable = [s for s in self.metadata.list_shards(project, logstore) if _writable(s)]
+            if not writable:
+                raise ShardNotExist(f"logstore {logstore} has no readwrite shard")
+            return writable[next(self._round_robin) % len(writable)]
+        shard = self.metadata.get_shard(project, logstore, parse_shard_id(target))
+        if not _writable(shard):
+            raise ShardReadOnly(f"shard {shard.shard_id} is readonly")
+        return shard
+
+    def put_logs(
+        self,
+        project: str,
+        logstore: str,
+        shard: Shard,
+        body: bytes,
+        compress_type: str | None,
+        raw_size: int | None,
+    ) -> int:
+        """Validates one LogGroup body and appends it durably; returns its sequence number.
+
+        Blocking (decompression, parse, fsync wait): call from a storage thread.
+        """
+        limits = self.config.limits
+        raw = decompress(compress_type, body, raw_size, limits.raw_body_bytes_max)
+        group = parse_log_group(raw)
+        if not group.Logs:
+            raise PostBodyInvalid("a log group must hold at least one log")
+        if len(group.Logs) > limits.logs_per_group_max:
+            raise PostBodyTooLarge(
+                f"a log group holds {len(group.Logs)} logs; at most "
+                f"{limits.logs_per_group_max} are allowed"
+            )
+        store = self.metadata.get_logstore(project, logstore)
+        shard_log = self.storage.shard(store.storage_key, shard.shard_id)
+        return shard_log.append(frame_log_group(raw), self.clock.wall_ms())
+
+    def get_cursor(self, project: str, logstore: str, shard_id: int, position: str) -> str:
+        shard_log = self.shard_log(project, logstore, shard_id)
+        if position == "begin":
+            return encode_cursor(shard_log.begin_seq)
+        if position == "end":
+            return encode_cursor(shard_log.end_seq)
+        try:
+            time_s = int(position)
+        except ValueError:
+            raise ParameterInvalid(
+                f"from must be begin, end or unix seconds, not {position!r}"
+            ) from None
+        if time_s < 0 or time_s > 2**40:
+            raise ParameterInvalid(f"from time {time_s} is out of range")
+        return encode_cursor(shard_log.seq_for_time(time_s * 1000))
+
+    def get_cursor_time(self, project: str, logstore: str, shard_id: int, cursor: str) -> int:
+        shard_log = self.shard_log(project, logstore, shard_id)
+        return shard_log.receive_time_ms(decode_cursor(cursor)) // 1000
+
+    def pull_logs(
+        self,
+        project: str,
+        logstore: str,
+        shard_id: int,
+        cursor: str,
+        count: int,
+        end_cursor: str | None,
+        accept_compress: str,
+    ) -> PullResult:
+        """Reads stored groups and compresses the reply. Blocking: call from a storage thread."""
+        limits = self.config.limits
+        if not 1 <= count <= limits.pull_groups_max:
+            raise ParameterInvalid(f"count must be 1..{limits.pull_groups_max}, not {count}")
+        shard_log = self.shard_log(project, logstore, shard_id)
+        start = decode_cursor(cursor)
+        end = None if end_cursor is None else decode_cursor(end_cursor)
+        if end is not None and end < start:
+            raise InvalidCursor(f"end_cursor {end_cursor} is before cursor {cursor}")
+        batch: ReadBatch = shard_log.read(start, count, limits.pull_bytes_max, end)
+        body = compress(accept_compress, batch.data) if batch.data else b""
+        return PullResult(
+            body=body,
+            compress_type=accept_compress if batch.data else "",
+            raw_size=len(batch.data),
+            count=batch.count,
+            next_cursor=encode_cursor(batch.next_seq),
+        )
+
+    def apply_retention(self) -> int:
+        """Deletes expired segments of every logstore; returns how many went."""
+        deleted = 0
+        now_ms = self.clock.wall_ms()
+        projects, _ = self.metadata.list_projects(0, 1_000_000)
+        for project in projects:
+            names, _ = self.metadata.list_logstores(project.name, 0, 1_000_000)
+            for name in names:
+                store = self.metadata.get_logstore(project.name, name)
+                shard_ids = [s.shard_id for s in self.metadata.list_shards(project.name, name)]
+                deleted += self.storage.apply_retention(
+                    store.storage_key, shard_ids, now_ms, store.ttl_days * _DAY_MS
+                )
+        return deleted
+
+
+def _writable(shard: Shard) -> bool:
+    return shard.status == "readwrite"
+
+
+def parse_shard_id(text: str) -> int:
+    if not text.isdigit() or len(text) > 9:
+        raise ShardNotExist(f"shard {text!r} does not exist")
+    return int(text)
+
+
+def _as_int(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, str) and value.lstrip("-").isdigit():
+            return int(value)
+        raise LogStoreInfoInvalid(f"{key} must be an integer")
+    return value
+
+
+def _as_bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise LogStoreInfoInvalid(f"{key} must be a boolean")
+
+
+def _as_str(value: Any, key: str) -> str:
+    if not isinstance(value, str):
+        raise LogStoreInfoInvalid(f"{key} must be a string")
+    return value
+
+
+# JSON key -> (spec field, converter). Keys not listed here are kept as `extra` when they are
+# known SDK fields, and ignored otherwise (the reference asks servers to ignore unknown keys).
+_LOGSTORE_FIELDS: dict[str, tuple[str, Any]] = {
+    "ttl": ("ttl_days", _as_int),
+    "autoSplit": ("auto_split", _as_bool),
+    "maxSplitShard": ("max_split_shard", _as_int),
+    "appendMeta": ("append_meta", _as_bool),
+    "enable_tracking": ("enable_tracking", _as_bool),
+    "telemetryType": ("telemetry_type", _as_str),
+    "mode": ("mode", _as_str),
+}
+_EXTRA_KEYS = ("enableModify", "hot_ttl", "encrypt_conf", "infrequentAccessTTL")
+
+
+def logstore_changes_from_json(body: Mapping[str, Any]) -> dict[str, Any]:
+    changes: dict[str, Any] = {}
+    for key, (attribute, convert) in _LOGSTORE_FIELDS.items():
+        if key in body and body[key] is not None:
+            changes[attribute] = convert(body[key], key)
+    extra = {key: body[key] for key in _EXTRA_KEYS if key in body}
+    if extra:
+        changes["extra"] = extra
+    return changes
+
+
+def logstore_spec_from_json(body: Mapping[str, Any]) -> LogstoreSpec:
+    name = body.get("logstoreName")
+    if not isinstance(name, str):
+        raise LogStoreInfoInvalid("logstoreName is required")
+    changes = logstore_changes_from_json(body)
+    if "shardCount" in body:
+        changes["shard_count"] = _as_int(body["shardCount"], "shardCount")
+    return LogstoreSpec(name=name, **changes)

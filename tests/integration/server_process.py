@@ -1,0 +1,100 @@
+"""`loghub serve` as a real child process on a free loopback port, for integration tests.
+
+The test keeps the child's PID and stops exactly that process: SIGTERM for a clean stop,
+SIGKILL for a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    def __init__(
+        self,
+        data_dir: Path,
+        keys: dict[str, str] | None = None,
+        extra_args: tuple[str, ...] = (),
+        port: int | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.keys = keys or {}
+        self.extra_args = extra_args
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / f"{data_dir.name}-server.log"
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout_s: float = 30.0) -> ServerProcess:
+        args = [
+            sys.executable,
+            "-m",
+            "loghub",
+            "serve",
+            "--data-dir",
+            str(self.data_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.extra_args,
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOGHUB_")}
+        if self.keys:
+            keys_file = self.data_dir.parent / f"{self.data_dir.name}-keys.json"
+            keys_file.write_text(json.dumps(self.keys))
+            args += ["--keys-file", str(keys_file)]
+        log_file = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it)
+        self.proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        log_file.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
+            try:
+                if httpx.get(f"http://{self.endpoint}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"server did not become healthy: {self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=20)
