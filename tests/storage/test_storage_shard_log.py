@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from loghub.errors import (
     CorruptSegmentError,
     InvalidCursor,
     PostBodyTooLarge,
+    ShardReadOnly,
     StorageClosedError,
     StorageError,
 )
@@ -365,3 +367,52 @@ def test_failed_write_across_a_roll_takes_back_the_whole_batch(
     assert log.append_raw(raw) == 20
     log.close()
     assert open_log().read(0, 100, 1 << 20).data == b"".join(payload(i) for i in range(20))
+
+
+def test_seal_fixes_the_end_and_refuses_appends_until_unsealed(tmp_path: Path) -> None:
+    log = ShardLog.open(tmp_path / "shard", StorageConfig(), FakeClock())
+    for i in range(3):
+        log.append(b"r%d" % i, 1_000)
+    assert log.seal() == 3
+    assert log.sealed
+    assert log.seal() == 3  # idempotent
+    with pytest.raises(ShardReadOnly):
+        log.append(b"late", 1_000)
+    assert log.end_seq == 3
+    assert log.read(0, 10, 1 << 20).data == b"r0r1r2"
+    log.unseal()
+    assert log.append(b"r3", 1_000) == 3
+    log.close()
+
+
+def test_seal_waits_for_concurrent_appends_and_every_acknowledged_one_is_before_the_end(
+    tmp_path: Path,
+) -> None:
+    log = ShardLog.open(tmp_path / "shard", StorageConfig(), FakeClock())
+    acknowledged: list[int] = []
+    refused = 0
+    lock = threading.Lock()
+
+    def writer() -> None:
+        nonlocal refused
+        for _ in range(200):
+            try:
+                sequence = log.append(b"x" * 100, 1_000)
+            except ShardReadOnly:
+                with lock:
+                    refused += 1
+                return
+            with lock:
+                acknowledged.append(sequence)
+
+    threads = [threading.Thread(target=writer) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    while log.end_seq < 50:
+        time.sleep(0.001)
+    end = log.seal()
+    for thread in threads:
+        thread.join()
+    assert sorted(acknowledged) == list(range(end))
+    assert log.end_seq == end
+    log.close()

@@ -36,15 +36,38 @@ _PULL_RAW_BYTES_MAX = 256 * 1024 * 1024
 
 @dataclass(frozen=True)
 class ShardInfo:
+    """A shard as list_shards shows it, with its lineage when the server reports it (LogHub
+    does; the hosted service does not, and then the lineage fields stay empty)."""
+
     shard_id: int
     status: str
     inclusive_begin_key: str
     exclusive_end_key: str
     create_time: int
+    parents: tuple[int, ...] = ()
+    children: tuple[int, ...] = ()
+    close_time: int | None = None
+    end_cursor: str | None = None  # a read-only shard's fixed end
 
     @property
     def writable(self) -> bool:
         return self.status.lower() == "readwrite"
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> ShardInfo:
+        close_time = body.get("closeTime")
+        end_cursor = body.get("endCursor")
+        return cls(
+            shard_id=int(body["shardID"]),
+            status=str(body["status"]),
+            inclusive_begin_key=str(body["inclusiveBeginKey"]),
+            exclusive_end_key=str(body["exclusiveEndKey"]),
+            create_time=int(body.get("createTime", 0)),
+            parents=tuple(int(p) for p in body.get("parents", ())),
+            children=tuple(int(c) for c in body.get("children", ())),
+            close_time=None if close_time is None else int(close_time),
+            end_cursor=None if end_cursor is None else str(end_cursor),
+        )
 
 
 @dataclass(frozen=True)
@@ -210,16 +233,23 @@ class LogHubClient:
 
     def list_shards(self, project: str, logstore: str) -> list[ShardInfo]:
         reply = self._json_request("GET", project, f"/logstores/{logstore}/shards")
-        return [
-            ShardInfo(
-                shard_id=int(s["shardID"]),
-                status=str(s["status"]),
-                inclusive_begin_key=str(s["inclusiveBeginKey"]),
-                exclusive_end_key=str(s["exclusiveEndKey"]),
-                create_time=int(s.get("createTime", 0)),
-            )
-            for s in reply
-        ]
+        return [ShardInfo.from_json(s) for s in reply]
+
+    def split_shard(
+        self, project: str, logstore: str, shard_id: int, key: str | None = None
+    ) -> list[ShardInfo]:
+        """Splits a readwrite shard at `key` (32 hex digits; LogHub splits in the middle of
+        the range when it is omitted); returns [parent, left child, right child]."""
+        query = [("action", "split")] + ([("key", key)] if key else [])
+        path = f"/logstores/{logstore}/shards/{shard_id}"
+        return [ShardInfo.from_json(s) for s in self._json_request("POST", project, path, query)]
+
+    def merge_shard(self, project: str, logstore: str, shard_id: int) -> list[ShardInfo]:
+        """Merges a readwrite shard with its right-hand neighbour; returns [merged, left,
+        right]."""
+        path = f"/logstores/{logstore}/shards/{shard_id}"
+        reply = self._json_request("POST", project, path, [("action", "merge")])
+        return [ShardInfo.from_json(s) for s in reply]
 
     # -- data --------------------------------------------------------------------------------
 

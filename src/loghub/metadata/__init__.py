@@ -17,7 +17,12 @@ from loghub.metadata.hashing import (
     parse_hash_key,
 )
 from loghub.metadata.models import Logstore, LogstoreSpec, Project, Shard, ShardStatus
-from loghub.metadata.store import SCHEMA_VERSION, MetadataStore
+from loghub.metadata.store import (
+    SCHEMA_VERSION,
+    MetadataStore,
+    ShardSealer,
+    shard_ids_per_logstore_max,
+)
 
 __all__ = [
     "KEY_SPACE_END",
@@ -27,12 +32,14 @@ __all__ = [
     "MetadataStore",
     "Project",
     "Shard",
+    "ShardSealer",
     "ShardStatus",
     "even_ranges",
     "format_hash_key",
     "max_split_shard_max",
     "md5_hash_key",
     "parse_hash_key",
+    "shard_ids_per_logstore_max",
     "shards_per_logstore_max",
     "ttl_days_max",
 ]

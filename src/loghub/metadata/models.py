@@ -122,10 +122,15 @@ class Shard:
         return self.begin_key <= key < self.end_key
 
     def to_json(self) -> dict[str, Any]:
+        """The list_shards entry. Beyond the SDK's keys it carries the lineage (``parents``,
+        ``children``, ``closeTime``); the SDK ignores keys it does not know."""
         return {
             "shardID": self.shard_id,
             "status": self.status,
             "inclusiveBeginKey": format_hash_key(self.begin_key),
             "exclusiveEndKey": format_hash_key(self.end_key),
             "createTime": self.created_at_s,
+            "parents": list(self.parents),
+            "children": list(self.children),
+            "closeTime": self.closed_at_s,
         }

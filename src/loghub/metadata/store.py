@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
@@ -46,23 +46,33 @@ from loghub.errors import (
     ProjectAlreadyExist,
     ProjectNotExist,
     ShardNotExist,
+    ShardReadOnly,
     StorageError,
 )
 from loghub.metadata._validate import (
+    shards_per_logstore_max,
     validate_description,
     validate_project_name,
     validate_spec,
 )
-from loghub.metadata.hashing import KEY_SPACE_END, even_ranges
+from loghub.metadata.hashing import KEY_SPACE_END, even_ranges, format_hash_key
 from loghub.metadata.models import Logstore, LogstoreSpec, Project, Shard, ShardStatus
 
-__all__ = ["SCHEMA_VERSION", "MetadataStore", "list_page_size_max"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "MetadataStore",
+    "ShardSealer",
+    "list_page_size_max",
+    "shard_ids_per_logstore_max",
+]
 
 SCHEMA_VERSION = 1
 # The hosted service pages lists at 500 at most; a larger ``size`` is cut to this, and the
 # returned total tells the caller there is more.
 list_page_size_max = 500
 sqlite_busy_timeout_ms = 5_000
+# Shards ever made in one logstore, readonly ones included: bounds lineage and directories.
+shard_ids_per_logstore_max = 4096
 # Logstore fields update_logstore may change. The shard count changes only by split/merge.
 _UPDATABLE = frozenset(
     {
@@ -347,6 +357,126 @@ class MetadataStore:
         assert shard.covers(key), (shard, key)
         return shard
 
+    # -- split and merge ---------------------------------------------------------------------
+
+    def split_shard(
+        self, project: str, logstore: str, shard_id: int, split_key: int, sealer: ShardSealer
+    ) -> tuple[Shard, Shard, Shard]:
+        """Splits a read-write shard at ``split_key`` into two children covering
+        [begin, split_key) and [split_key, end); returns (parent now read-only, left, right).
+
+        The parent's log is sealed (``sealer``) before the change commits, so its end never
+        moves after it turns read-only; if the commit fails, the seal is undone.
+        """
+        with self._write_lock:
+            entry = self._entry(project, logstore)
+            parent = self._writable_shard(entry, shard_id)
+            if not parent.begin_key < split_key < parent.end_key:
+                raise ParameterInvalid(
+                    f"split key {format_hash_key(split_key)} is not strictly inside shard "
+                    f"{shard_id} [{format_hash_key(parent.begin_key)}, "
+                    f"{format_hash_key(parent.end_key)})"
+                )
+            _check_room(entry, readwrite_added=1)
+            left_id, right_id = _next_ids(entry, 2)
+            now_s = self._now_s()
+            left = Shard(
+                left_id, "readwrite", parent.begin_key, split_key, now_s, parents=(shard_id,)
+            )
+            right = Shard(
+                right_id, "readwrite", split_key, parent.end_key, now_s, parents=(shard_id,)
+            )
+            (closed,) = self._commit_reshard(entry, [parent], [left, right], sealer, now_s)
+            return closed, left, right
+
+    def merge_shard(
+        self, project: str, logstore: str, shard_id: int, sealer: ShardSealer
+    ) -> tuple[Shard, Shard, Shard]:
+        """Merges a read-write shard with its right-hand read-write neighbour into one new
+        shard; returns (new shard, left now read-only, right now read-only)."""
+        with self._write_lock:
+            entry = self._entry(project, logstore)
+            left = self._writable_shard(entry, shard_id)
+            right = next((s for s in entry.writable if s.begin_key == left.end_key), None)
+            if right is None:
+                raise ParameterInvalid(f"shard {shard_id} has no right-hand neighbour to merge")
+            _check_room(entry, readwrite_added=-1)
+            (merged_id,) = _next_ids(entry, 1)
+            now_s = self._now_s()
+            merged = Shard(
+                merged_id,
+                "readwrite",
+                left.begin_key,
+                right.end_key,
+                now_s,
+                parents=(left.shard_id, right.shard_id),
+            )
+            closed_left, closed_right = self._commit_reshard(
+                entry, [left, right], [merged], sealer, now_s
+            )
+            return merged, closed_left, closed_right
+
+    def wait_for_writes(self) -> None:
+        """Returns once no write that started before the call is still committing: a writer
+        that found a shard sealed by a split uses it to see the split's children."""
+        with self._write_lock:
+            pass
+
+    def _writable_shard(self, entry: _CachedLogstore, shard_id: int) -> Shard:
+        shard = entry.by_id.get(shard_id)
+        if shard is None:
+            raise ShardNotExist(f"shard {shard_id} does not exist")
+        if shard.status != "readwrite":
+            raise ShardReadOnly(f"shard {shard_id} is readonly")
+        return shard
+
+    def _commit_reshard(
+        self,
+        entry: _CachedLogstore,
+        parents: list[Shard],
+        children: list[Shard],
+        sealer: ShardSealer,
+        now_s: int,
+    ) -> list[Shard]:
+        """Seals the parents, then commits them read-only with their children (lock held)."""
+        child_ids = tuple(c.shard_id for c in children)
+        sealed: list[int] = []
+        try:
+            closed = []
+            for parent in parents:
+                end_seq = sealer.seal(parent.shard_id)
+                sealed.append(parent.shard_id)
+                closed.append(
+                    replace(
+                        parent,
+                        status="readonly",
+                        closed_at_s=now_s,
+                        children=child_ids,
+                        end_seq=end_seq,
+                    )
+                )
+            logstore = entry.logstore
+            with self._engine.begin() as conn:
+                for shard in closed:
+                    conn.execute(
+                        sa.update(_shards)
+                        .where(
+                            _shards.c.project == logstore.project,
+                            _shards.c.logstore == logstore.name,
+                            _shards.c.shard_id == shard.shard_id,
+                        )
+                        .values(_shard_row(logstore, shard))
+                    )
+                conn.execute(sa.insert(_shards), [_shard_row(logstore, c) for c in children])
+        except BaseException:
+            for shard_id in sealed:
+                sealer.unseal(shard_id)
+            raise
+        replaced = {s.shard_id: s for s in closed}
+        shards = [replaced.get(s.shard_id, s) for s in entry.shards] + children
+        self._cache(_CachedLogstore.build(entry.logstore, shards))
+        return closed
+
     # -- internals --------------------------------------------------------------------------
 
     def _now_s(self) -> int:
@@ -386,6 +516,30 @@ class MetadataStore:
             logstore = Logstore(**values, shard_count=0)  # counted by _CachedLogstore.build
             key = (logstore.project, logstore.name)
             self._logstores[key] = _CachedLogstore.build(logstore, shards.get(key, []))
+
+
+class ShardSealer(Protocol):
+    """What split and merge need from storage: make a shard's log read-only and learn its
+    end sequence (``seal``), or undo that when the metadata change fails (``unseal``)."""
+
+    def seal(self, shard_id: int) -> int: ...
+
+    def unseal(self, shard_id: int) -> None: ...
+
+
+def _check_room(entry: _CachedLogstore, readwrite_added: int) -> None:
+    if len(entry.writable) + readwrite_added > shards_per_logstore_max:
+        raise ParameterInvalid(f"a logstore has at most {shards_per_logstore_max} readwrite shards")
+    if len(entry.shards) + 2 > shard_ids_per_logstore_max:
+        raise ParameterInvalid(
+            f"a logstore has at most {shard_ids_per_logstore_max} shards, readonly included"
+        )
+
+
+def _next_ids(entry: _CachedLogstore, count: int) -> list[int]:
+    """Shard ids are never reused: new ones continue after the largest ever given."""
+    first = max(entry.by_id) + 1
+    return list(range(first, first + count))
 
 
 def _create_engine(url: str) -> Engine:

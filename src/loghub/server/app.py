@@ -153,7 +153,7 @@ class LogHubApp:
         self._executor = ThreadPoolExecutor(
             self.config.storage_threads, thread_name_prefix="loghub-storage"
         )
-        self._retention_task: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -179,7 +179,14 @@ class LogHubApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                self._retention_task = asyncio.create_task(self._retention_loop())
+                self._background = [
+                    asyncio.create_task(
+                        self._every(self.config.retention_interval_s, self._apply_retention)
+                    ),
+                    asyncio.create_task(
+                        self._every(self.config.auto_split_check_interval_s, self._check_autosplit)
+                    ),
+                ]
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.close()
@@ -187,22 +194,32 @@ class LogHubApp:
                 return
 
     async def close(self) -> None:
-        if self._retention_task is not None:
-            self._retention_task.cancel()
+        for task in self._background:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._retention_task
+                await task
         self._executor.shutdown(wait=True)
         self.service.close()
 
-    async def _retention_loop(self) -> None:
+    async def _every(self, interval_s: float, job: Callable[[], Awaitable[None]]) -> None:
+        """Runs a housekeeping job every interval; a failure is logged, and the next run
+        comes as usual."""
         while True:
-            await asyncio.sleep(self.config.retention_interval_s)
+            await asyncio.sleep(interval_s)
             try:
-                deleted = await self._blocking(self.service.apply_retention)
-                if deleted:
-                    log.info("retention deleted %d segments", deleted)
+                await job()
             except Exception:
-                log.exception("retention failed")
+                log.exception("%s failed", job.__name__)
+
+    async def _apply_retention(self) -> None:
+        deleted = await self._blocking(self.service.apply_retention)
+        if deleted:
+            log.info("retention deleted %d segments", deleted)
+
+    async def _check_autosplit(self) -> None:
+        created = await self._blocking(self.service.check_autosplit)
+        if created:
+            log.info("auto-split created shards %s", [s.shard_id for s in created])
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.config.limits.request_body_bytes_max
@@ -318,12 +335,14 @@ class LogHubApp:
 
     def _list_shards(self, call: _Call, logstore: str) -> Response:
         shards = self.service.metadata.list_shards(call.need_project(), logstore)
-        return _json([s.to_json() for s in shards], call.request_id)
+        return _json([self.service.shard_json(s) for s in shards], call.request_id)
 
     async def _shard(self, call: _Call, logstore: str, target: str) -> Response:
         project = call.need_project()
         if call.method == "POST" and "action" not in call.query:
             return await self._put_logs(call, project, logstore, target)
+        if call.method == "POST":
+            return await self._reshard(call, project, logstore, target)
         if call.method == "GET":
             shard_id = parse_shard_id(target)
             kind = call.query.get("type")
@@ -341,8 +360,20 @@ class LogHubApp:
             raise ParameterInvalid(f"type must be log, cursor or cursor_time, not {kind!r}")
         raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
 
+    async def _reshard(self, call: _Call, project: str, logstore: str, target: str) -> Response:
+        shard_id = parse_shard_id(target)
+        action = call.query.get("action")
+        if action == "split":
+            shards = await self._blocking(
+                self.service.split_shard, project, logstore, shard_id, call.query.get("key")
+            )
+        elif action == "merge":
+            shards = await self._blocking(self.service.merge_shard, project, logstore, shard_id)
+        else:
+            raise ParameterInvalid(f"action must be split or merge, not {action!r}")
+        return _json([self.service.shard_json(s) for s in shards], call.request_id)
+
     async def _put_logs(self, call: _Call, project: str, logstore: str, target: str) -> Response:
-        shard = self.service.pick_shard(project, logstore, target, call.query.get("key"))
         headers = call.request.headers
         raw_size_text = headers.get("x-log-bodyrawsize")
         raw_size = int(raw_size_text) if raw_size_text and raw_size_text.strip().isdigit() else None
@@ -350,7 +381,8 @@ class LogHubApp:
             self.service.put_logs,
             project,
             logstore,
-            shard,
+            target,
+            call.query.get("key"),
             call.body,
             headers.get("x-log-compresstype"),
             raw_size,

@@ -58,6 +58,11 @@ class ServerConfig:
     # Threads beside the event loop for decompression, parsing, checksums and disk writes;
     # appends waiting for a group fsync hold one each, so this also caps concurrent appends.
     storage_threads: int = 64
+    # Auto-split (for logstores with autoSplit on): a shard that writes more than this many
+    # bytes a second for auto_split_sustain_ms is split in the middle, up to maxSplitShard.
+    auto_split_bytes_per_s: int = 5 * 1024 * 1024
+    auto_split_sustain_ms: int = 60_000
+    auto_split_check_interval_s: float = 5.0
     limits: Limits = field(default_factory=Limits)
 
     @property

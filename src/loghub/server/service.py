@@ -22,6 +22,7 @@ from loghub._clock import Clock
 from loghub.errors import (
     InvalidCursor,
     LogStoreInfoInvalid,
+    NotFoundError,
     ParameterInvalid,
     PostBodyInvalid,
     PostBodyTooLarge,
@@ -29,6 +30,7 @@ from loghub.errors import (
     ShardReadOnly,
 )
 from loghub.metadata import Logstore, LogstoreSpec, MetadataStore, Shard, parse_hash_key
+from loghub.server.autosplit import AutoSplitMonitor
 from loghub.server.config import ServerConfig
 from loghub.storage import ReadBatch, ShardLog, ShardStore, StorageConfig
 from loghub.wire.compression import compress, decompress
@@ -40,6 +42,8 @@ __all__ = ["LogHubService", "PullResult"]
 log = logging.getLogger("loghub.server")
 
 _DAY_MS = 86_400_000
+# A write that keeps meeting freshly sealed shards gives up after this many routings.
+_REROUTES_MAX = 16
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,9 @@ class LogHubService:
             clock,
         )
         self._round_robin = itertools.count()
+        self.autosplit = AutoSplitMonitor(
+            config.auto_split_bytes_per_s, config.auto_split_sustain_ms
+        )
         self._closed = threading.Event()
 
     def close(self) -> None:
@@ -97,8 +104,80 @@ class LogHubService:
 
     def shard_log(self, project: str, logstore: str, shard_id: int) -> ShardLog:
         store = self.metadata.get_logstore(project, logstore)
-        self.metadata.get_shard(project, logstore, shard_id)  # ShardNotExist
-        return self.storage.shard(store.storage_key, shard_id)
+        return self._open_log(store, self.metadata.get_shard(project, logstore, shard_id))
+
+    def _open_log(self, store: Logstore, shard: Shard) -> ShardLog:
+        """The shard's log; a read-only shard's log is sealed, also after a restart."""
+        shard_log = self.storage.shard(store.storage_key, shard.shard_id)
+        if shard.status == "readonly" and not shard_log.sealed:
+            end_seq = shard_log.seal()
+            if end_seq != shard.end_seq:
+                log.error(
+                    "shard %s/%d ends at %d, but was closed at %s",
+                    store.storage_key,
+                    shard.shard_id,
+                    end_seq,
+                    shard.end_seq,
+                )
+        return shard_log
+
+    # -- split and merge ---------------------------------------------------------------------
+
+    def split_shard(
+        self, project: str, logstore: str, shard_id: int, key: str | None
+    ) -> list[Shard]:
+        """Splits at `key`, or in the middle of the range; returns [parent, left, right]."""
+        shard = self.metadata.get_shard(project, logstore, shard_id)
+        split_key = (shard.begin_key + shard.end_key) // 2 if not key else parse_hash_key(key)
+        sealer = _Sealer(self, self.metadata.get_logstore(project, logstore))
+        parent, left, right = self.metadata.split_shard(
+            project, logstore, shard_id, split_key, sealer
+        )
+        log.info(
+            "split %s/%s shard %d into %d and %d",
+            project,
+            logstore,
+            shard_id,
+            left.shard_id,
+            right.shard_id,
+        )
+        return [parent, left, right]
+
+    def merge_shard(self, project: str, logstore: str, shard_id: int) -> list[Shard]:
+        """Merges with the right-hand neighbour; returns [merged, left, right]."""
+        sealer = _Sealer(self, self.metadata.get_logstore(project, logstore))
+        merged, left, right = self.metadata.merge_shard(project, logstore, shard_id, sealer)
+        log.info(
+            "merged %s/%s shards %d and %d into %d",
+            project,
+            logstore,
+            left.shard_id,
+            right.shard_id,
+            merged.shard_id,
+        )
+        return [merged, left, right]
+
+    def shard_json(self, shard: Shard) -> dict[str, Any]:
+        """A list_shards entry; a read-only shard also shows its fixed end (``endCursor``)."""
+        body = shard.to_json()
+        if shard.end_seq is not None:
+            body["endCursor"] = encode_cursor(shard.end_seq)
+        return body
+
+    def check_autosplit(self) -> list[Shard]:
+        """Splits every shard that has written faster than the limit for long enough, in
+        logstores with autoSplit on, up to their maxSplitShard; returns the new shards."""
+        created: list[Shard] = []
+        for project, logstore, shard_id in self.autosplit.due(self.clock.monotonic_ms()):
+            try:
+                store = self.metadata.get_logstore(project, logstore)
+                writable = [s for s in self.metadata.list_shards(project, logstore) if _writable(s)]
+                if not store.auto_split or len(writable) >= store.max_split_shard:
+                    continue
+                created.extend(self.split_shard(project, logstore, shard_id, None)[1:])
+            except (NotFoundError, ShardReadOnly):
+                continue  # deleted or already resharded since it was measured
+        return created
 
     def pick_shard(self, project: str, logstore: str, target: str, hash_key: str | None) -> Shard:
         """The shard a PutLogs goes to: `lb` (any readwrite shard), `route` (by key), or an id."""
@@ -120,13 +199,18 @@ class LogHubService:
         self,
         project: str,
         logstore: str,
-        shard: Shard,
+        target: str,
+        hash_key: str | None,
         body: bytes,
         compress_type: str | None,
         raw_size: int | None,
     ) -> int:
-        """Validates one LogGroup body and appends it durably; returns its sequence number.
+        """Validates one LogGroup body and appends it durably to the shard `target` names
+        (see ``pick_shard``); returns its sequence number.
 
+        A routed or load-balanced write that meets a shard sealed by a split or merge in
+        progress waits for that change to commit and routes again, so it lands in the child:
+        for any key, writes before the change are in the parent and later ones in a child.
         Blocking (decompression, parse, fsync wait): call from a storage thread.
         """
         limits = self.config.limits
@@ -139,9 +223,20 @@ class LogHubService:
                 f"a log group holds {len(group.Logs)} logs; at most "
                 f"{limits.logs_per_group_max} are allowed"
             )
-        store = self.metadata.get_logstore(project, logstore)
-        shard_log = self.storage.shard(store.storage_key, shard.shard_id)
-        return shard_log.append(frame_log_group(raw), self.clock.wall_ms())
+        payload = frame_log_group(raw)
+        for _attempt in range(_REROUTES_MAX):
+            shard = self.pick_shard(project, logstore, target, hash_key)
+            store = self.metadata.get_logstore(project, logstore)
+            try:
+                sequence = self._open_log(store, shard).append(payload, self.clock.wall_ms())
+            except ShardReadOnly:
+                if target not in ("lb", "route"):
+                    raise
+                self.metadata.wait_for_writes()
+                continue
+            self.autosplit.record(project, logstore, shard.shard_id, len(payload))
+            return sequence
+        raise ShardReadOnly(f"logstore {logstore} kept resharding; try again")
 
     def get_cursor(self, project: str, logstore: str, shard_id: int, position: str) -> str:
         shard_log = self.shard_log(project, logstore, shard_id)
@@ -206,6 +301,20 @@ class LogHubService:
                     store.storage_key, shard_ids, now_ms, store.ttl_days * _DAY_MS
                 )
         return deleted
+
+
+class _Sealer:
+    """Seals shard logs of one logstore for the metadata store's split and merge."""
+
+    def __init__(self, service: LogHubService, store: Logstore) -> None:
+        self._service = service
+        self._store = store
+
+    def seal(self, shard_id: int) -> int:
+        return self._service.storage.shard(self._store.storage_key, shard_id).seal()
+
+    def unseal(self, shard_id: int) -> None:
+        self._service.storage.shard(self._store.storage_key, shard_id).unseal()
 
 
 def _writable(shard: Shard) -> bool:

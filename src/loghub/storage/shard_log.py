@@ -44,6 +44,7 @@ from loghub.errors import (
     CorruptSegmentError,
     InvalidCursor,
     PostBodyTooLarge,
+    ShardReadOnly,
     StorageClosedError,
     StorageError,
 )
@@ -116,7 +117,7 @@ class _PendingAppend:
     receive_time_ms: int
     sequence: int = -1
     done: bool = False
-    error: StorageError | None = None
+    error: StorageError | ShardReadOnly | None = None
 
 
 # A record ready to write: (sequence, receive_time_ms, header, payload).
@@ -151,6 +152,7 @@ class ShardLog:
         self._writer_busy = False
         self._queue: list[_PendingAppend] = []
         self._closed = False
+        self._sealed = False
         self._broken: BaseException | None = None
         self._fsync_count = 0
         self._append_count = 0
@@ -205,6 +207,7 @@ class ShardLog:
         request = _PendingAppend(payload, receive_time_ms)
         with self._condition:
             self._check_writable()
+            self._check_not_sealed()
             self._queue.append(request)
             while not request.done:
                 if self._writer_busy:
@@ -221,6 +224,7 @@ class ShardLog:
         self._writer_busy = True
         try:
             self._check_writable()
+            self._check_not_sealed()
             records = []
             time_ms = self._last_time_ms
             for offset, request in enumerate(batch):
@@ -228,7 +232,7 @@ class ShardLog:
                 request.sequence = self._end_seq + offset
                 records.append((request.sequence, time_ms, b"", request.payload))
             self._commit(records)
-        except StorageError as exc:
+        except (StorageError, ShardReadOnly) as exc:
             for request in batch:
                 request.error = exc
         except Exception as exc:
@@ -249,6 +253,7 @@ class ShardLog:
         with self._condition:
             self._acquire_writer()
             try:
+                self._check_not_sealed()
                 expected = self._end_seq
                 time_ms = self._last_time_ms
                 for sequence, receive_time_ms, _header, _payload in parsed:
@@ -399,6 +404,43 @@ class ShardLog:
     def _release_writer(self) -> None:
         self._writer_busy = False
         self._condition.notify_all()
+
+    def _check_not_sealed(self) -> None:
+        if self._sealed:
+            raise ShardReadOnly(f"shard log {self.path} is sealed (read-only)")
+
+    # --- sealing --------------------------------------------------------------------------
+
+    @property
+    def sealed(self) -> bool:
+        with self._lock:
+            return self._sealed
+
+    def seal(self) -> int:
+        """Makes the log read-only for good and returns its end sequence, which never moves
+        again. Waits for the batch being written (it completes and counts), fails queued and
+        later appends with ShardReadOnly, and syncs, so the end survives a crash under either
+        fsync policy. Idempotent; the sealed state is not stored here: whoever keeps the
+        shard's status (metadata) seals the log again after a restart."""
+        with self._condition:
+            self._acquire_writer()
+            try:
+                if not self._sealed:
+                    self._sealed = True
+                    for request in self._queue:
+                        request.error = ShardReadOnly(f"shard log {self.path} was sealed")
+                        request.done = True
+                    self._queue = []
+                    self._segments[-1].sync()
+                    self._fsync_count += 1
+                return self._end_seq
+            finally:
+                self._release_writer()
+
+    def unseal(self) -> None:
+        """Undoes ``seal`` when the change that sealed the log could not be committed."""
+        with self._condition:
+            self._sealed = False
 
     def _check_open(self) -> None:
         if self._closed:
