@@ -18,10 +18,12 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.tree import Tree
 
 from loghub.client import LogHubClient, ShardInfo
 from loghub.errors import LogHubError, ShardReadOnly
 from loghub.metadata.hashing import md5_hash_key, parse_hash_key
+from loghub.server.config import ServerConfig
 from loghub.wire.logs import make_log_group
 
 __all__ = ["app", "main"]
@@ -34,8 +36,10 @@ app = typer.Typer(
 )
 project_app = typer.Typer(no_args_is_help=True, help="Create and list projects.")
 logstore_app = typer.Typer(no_args_is_help=True, help="Create, list and delete logstores.")
+shard_app = typer.Typer(no_args_is_help=True, help="List, split and merge shards.")
 app.add_typer(project_app, name="project")
 app.add_typer(logstore_app, name="logstore")
+app.add_typer(shard_app, name="shard")
 
 err = Console(stderr=True)
 
@@ -67,6 +71,18 @@ def serve(
     public_host: Annotated[
         list[str] | None, typer.Option(help="a host name clients use for this server")
     ] = None,
+    auto_split_bytes_per_s: Annotated[
+        int, typer.Option(help="auto-split a shard writing faster than this")
+    ] = ServerConfig.auto_split_bytes_per_s,
+    auto_split_sustain_ms: Annotated[
+        int, typer.Option(help="...for at least this long")
+    ] = ServerConfig.auto_split_sustain_ms,
+    auto_split_check_interval_s: Annotated[
+        float, typer.Option(help="how often write rates are checked")
+    ] = ServerConfig.auto_split_check_interval_s,
+    retention_interval_s: Annotated[
+        float, typer.Option(help="how often expired data is deleted")
+    ] = ServerConfig.retention_interval_s,
 ) -> None:
     """Run a LogHub server."""
     from loghub.server import ServerConfig, load_keys
@@ -85,6 +101,10 @@ def serve(
         base_hosts=ServerConfig.base_hosts + tuple(h.lower() for h in public_host or ()),
         fsync_policy=policy,
         fsync_interval_ms=fsync_interval_ms,
+        auto_split_bytes_per_s=auto_split_bytes_per_s,
+        auto_split_sustain_ms=auto_split_sustain_ms,
+        auto_split_check_interval_s=auto_split_check_interval_s,
+        retention_interval_s=retention_interval_s,
     )
     run_server(config)
 
@@ -156,6 +176,79 @@ def logstore_delete(
     with _client(endpoint, access_key_id, access_key_secret) as client:
         client.delete_logstore(project, name)
     print(f"deleted logstore {project}/{name}")
+
+
+def _shard_label(shard: ShardInfo) -> str:
+    style = "green" if shard.writable else "dim"
+    label = (
+        f"[{style}]shard {shard.shard_id}[/{style}] {shard.status} "
+        f"[{shard.inclusive_begin_key}, {shard.exclusive_end_key})"
+    )
+    if shard.end_cursor is not None:
+        label += f" end {shard.end_cursor}"
+    return label
+
+
+def shard_tree(shards: list[ShardInfo]) -> Tree:
+    """The lineage as a tree: original shards at the root, children under their parents (a
+    merged shard appears under each of its two parents)."""
+    by_id = {s.shard_id: s for s in shards}
+    tree = Tree("shards")
+
+    def add(node: Tree, shard: ShardInfo) -> None:
+        branch = node.add(_shard_label(shard))
+        for child in shard.children:
+            if child in by_id:
+                add(branch, by_id[child])
+
+    for shard in shards:
+        if not any(parent in by_id for parent in shard.parents):
+            add(tree, shard)
+    return tree
+
+
+@shard_app.command("list")
+def shard_list(
+    logstore: str,
+    project: Project,
+    endpoint: Endpoint = "127.0.0.1:8080",
+    access_key_id: KeyId = "",
+    access_key_secret: KeySecret = "",
+) -> None:
+    """Show a logstore's shards as a lineage tree."""
+    with _client(endpoint, access_key_id, access_key_secret) as client:
+        Console().print(shard_tree(client.list_shards(project, logstore)))
+
+
+@shard_app.command("split")
+def shard_split(
+    logstore: str,
+    shard: int,
+    project: Project,
+    key: Annotated[str | None, typer.Option(help="split key (default: mid-range)")] = None,
+    endpoint: Endpoint = "127.0.0.1:8080",
+    access_key_id: KeyId = "",
+    access_key_secret: KeySecret = "",
+) -> None:
+    """Split a readwrite shard in two (at the middle of its range by default)."""
+    with _client(endpoint, access_key_id, access_key_secret) as client:
+        parent, left, right = client.split_shard(project, logstore, shard, key)
+    print(f"split shard {parent.shard_id} into {left.shard_id} and {right.shard_id}")
+
+
+@shard_app.command("merge")
+def shard_merge(
+    logstore: str,
+    shard: int,
+    project: Project,
+    endpoint: Endpoint = "127.0.0.1:8080",
+    access_key_id: KeyId = "",
+    access_key_secret: KeySecret = "",
+) -> None:
+    """Merge a readwrite shard with its right-hand neighbour."""
+    with _client(endpoint, access_key_id, access_key_secret) as client:
+        merged, left, right = client.merge_shard(project, logstore, shard)
+    print(f"merged shards {left.shard_id} and {right.shard_id} into {merged.shard_id}")
 
 
 def _log_record(line: str, time_field: str) -> tuple[int, dict[str, str]] | None:

@@ -75,7 +75,9 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
             try:
-                if httpx.get(f"http://{self.endpoint}/health", timeout=1).status_code == 200:
+                reply = httpx.get(f"http://{self.endpoint}/health", timeout=1)
+                # the pid tells our server from another process that took the same port
+                if reply.status_code == 200 and reply.json().get("pid") == self.proc.pid:
                     return self
             except httpx.HTTPError:
                 pass

@@ -326,7 +326,7 @@ def test_failed_write_raises_and_leaves_no_partial_record(
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as patch:
-        patch.setattr(os, "write", disk_full)
+        patch.setattr(os, "writev", disk_full)
         with pytest.raises(StorageError):
             log.append(b"lost", 1000)
 
@@ -345,18 +345,18 @@ def test_failed_write_across_a_roll_takes_back_the_whole_batch(
     raw = leader.read_raw(2, 1 << 20)
     log = open_log()
     append_many(log, 2)
-    real_write = os.write
+    real_writev = os.writev
     log_writes = {"count": 0}
 
-    def fail_second_log_write(fd: int, data: bytes) -> int:
+    def fail_second_log_write(fd: int, buffers: list[memoryview]) -> int:
         if os.readlink(f"/proc/self/fd/{fd}").endswith(".log"):
             log_writes["count"] += 1
             if log_writes["count"] == 2:
                 raise OSError(28, "No space left on device")
-        return real_write(fd, data)
+        return real_writev(fd, buffers)
 
     with monkeypatch.context() as patch:
-        patch.setattr(os, "write", fail_second_log_write)
+        patch.setattr(os, "writev", fail_second_log_write)
         # One raw batch larger than a segment: first chunk written, roll, second write fails.
         with pytest.raises(StorageError):
             log.append_raw(raw)

@@ -237,7 +237,7 @@ class LogHubApp:
 
     async def _handle(self, request: Request, request_id: str) -> Response:
         if request.scope["path"] == "/health":
-            return _json({"status": "ok"}, request_id)
+            return _json({"status": "ok", "pid": os.getpid()}, request_id)
         project = project_from_host(request.headers.get("host", ""), self.config.base_hosts)
         call = _Call(request, request_id, project)
         call.body = await self._read_body(request)

@@ -58,6 +58,11 @@ class ServerConfig:
     # Threads beside the event loop for decompression, parsing, checksums and disk writes;
     # appends waiting for a group fsync hold one each, so this also caps concurrent appends.
     storage_threads: int = 64
+    # Worker processes that check large PutLogs bodies (parse and required fields) on the
+    # other cores; 0 checks everything in the server process. Bodies up to
+    # parse_inline_bytes_max are checked in place (a worker round trip would cost more).
+    parse_processes: int = field(default_factory=lambda: os.cpu_count() or 1)
+    parse_inline_bytes_max: int = 64 * 1024
     # Auto-split (for logstores with autoSplit on): a shard that writes more than this many
     # bytes a second for auto_split_sustain_ms is split in the middle, up to maxSplitShard.
     auto_split_bytes_per_s: int = 5 * 1024 * 1024

@@ -24,18 +24,17 @@ from loghub.errors import (
     LogStoreInfoInvalid,
     NotFoundError,
     ParameterInvalid,
-    PostBodyInvalid,
-    PostBodyTooLarge,
     ShardNotExist,
     ShardReadOnly,
 )
 from loghub.metadata import Logstore, LogstoreSpec, MetadataStore, Shard, parse_hash_key
 from loghub.server.autosplit import AutoSplitMonitor
 from loghub.server.config import ServerConfig
+from loghub.server.validation import BodyChecker
 from loghub.storage import ReadBatch, ShardLog, ShardStore, StorageConfig
 from loghub.wire.compression import compress, decompress
 from loghub.wire.cursor import decode_cursor, encode_cursor
-from loghub.wire.logs import frame_log_group, parse_log_group
+from loghub.wire.logs import frame_log_group
 
 __all__ = ["LogHubService", "PullResult"]
 
@@ -72,6 +71,9 @@ class LogHubService:
             clock,
         )
         self._round_robin = itertools.count()
+        self.body_checker = BodyChecker(
+            config.limits, config.parse_processes, config.parse_inline_bytes_max
+        )
         self.autosplit = AutoSplitMonitor(
             config.auto_split_bytes_per_s, config.auto_split_sustain_ms
         )
@@ -79,6 +81,7 @@ class LogHubService:
 
     def close(self) -> None:
         self._closed.set()
+        self.body_checker.close()
         self.storage.close()
         self.metadata.close()
 
@@ -213,16 +216,8 @@ class LogHubService:
         for any key, writes before the change are in the parent and later ones in a child.
         Blocking (decompression, parse, fsync wait): call from a storage thread.
         """
-        limits = self.config.limits
-        raw = decompress(compress_type, body, raw_size, limits.raw_body_bytes_max)
-        group = parse_log_group(raw)
-        if not group.Logs:
-            raise PostBodyInvalid("a log group must hold at least one log")
-        if len(group.Logs) > limits.logs_per_group_max:
-            raise PostBodyTooLarge(
-                f"a log group holds {len(group.Logs)} logs; at most "
-                f"{limits.logs_per_group_max} are allowed"
-            )
+        self.body_checker.check(compress_type, body, raw_size)
+        raw = decompress(compress_type, body, raw_size, self.config.limits.raw_body_bytes_max)
         payload = frame_log_group(raw)
         for _attempt in range(_REROUTES_MAX):
             shard = self.pick_shard(project, logstore, target, hash_key)

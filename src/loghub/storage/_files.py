@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 __all__ = ["IndexFile", "fsync_directory", "pread_fully", "write_fully"]
@@ -42,6 +42,26 @@ def write_fully(fd: int, data: bytes) -> None:
         written = os.write(fd, view)
         assert written > 0
         view = view[written:]
+
+
+_IOV_MAX = 1024  # Linux's limit on buffers per writev
+
+
+def writev_fully(fd: int, parts: Sequence[bytes]) -> None:
+    """Writes the parts back to back without joining them first (a batch of large records
+    would otherwise be copied once more under the GIL); loops on partial writes."""
+    pending = [memoryview(part) for part in parts if part]
+    while pending:
+        written = os.writev(fd, pending[:_IOV_MAX])
+        assert written > 0
+        while written:
+            head = pending[0]
+            if written >= len(head):
+                written -= len(head)
+                pending.pop(0)
+            else:
+                pending[0] = head[written:]
+                written = 0
 
 
 def fsync_directory(path: Path) -> None:

@@ -41,7 +41,7 @@ from pathlib import Path
 import crc32c
 
 from loghub.errors import CorruptSegmentError
-from loghub.storage._files import pread_fully, write_fully
+from loghub.storage._files import pread_fully, writev_fully
 from loghub.storage.offset_index import OffsetIndex
 from loghub.storage.time_index import TimeIndex
 
@@ -410,9 +410,7 @@ class Segment:
             parts.append(header)
             parts.append(payload)
             position += HEADER_BYTES + len(payload)
-        data = b"".join(parts)
-        assert len(data) == position - self.size_bytes
-        write_fully(self.fd, data)
+        writev_fully(self.fd, parts)
         self.size_bytes = position
         self.next_seq += len(placements)
         return placements
