@@ -9,6 +9,12 @@ from loghub.metadata._validate import (
     shards_per_logstore_max,
     ttl_days_max,
 )
+from loghub.metadata.groups import (
+    Checkpoint,
+    ConsumerGroupCatalog,
+    ConsumerGroupDef,
+    consumer_groups_per_logstore_max,
+)
 from loghub.metadata.hashing import (
     KEY_SPACE_END,
     even_ranges,
@@ -27,6 +33,9 @@ from loghub.metadata.store import (
 __all__ = [
     "KEY_SPACE_END",
     "SCHEMA_VERSION",
+    "Checkpoint",
+    "ConsumerGroupCatalog",
+    "ConsumerGroupDef",
     "Logstore",
     "LogstoreSpec",
     "MetadataStore",
@@ -34,6 +43,7 @@ __all__ = [
     "Shard",
     "ShardSealer",
     "ShardStatus",
+    "consumer_groups_per_logstore_max",
     "even_ranges",
     "format_hash_key",
     "max_split_shard_max",

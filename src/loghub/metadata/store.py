@@ -55,6 +55,7 @@ from loghub.metadata._validate import (
     validate_project_name,
     validate_spec,
 )
+from loghub.metadata.groups import ConsumerGroupCatalog, define_tables
 from loghub.metadata.hashing import KEY_SPACE_END, even_ranges, format_hash_key
 from loghub.metadata.models import Logstore, LogstoreSpec, Project, Shard, ShardStatus
 
@@ -148,6 +149,9 @@ _shards = sa.Table(
 )
 
 
+_group_tables = define_tables(_meta)
+
+
 def _key_text(key: int) -> str:
     return f"{key:033x}"
 
@@ -191,10 +195,12 @@ class MetadataStore:
         self._write_lock = threading.Lock()
         self._projects: dict[str, Project] = {}
         self._logstores: dict[tuple[str, str], _CachedLogstore] = {}
+        self._groups = ConsumerGroupCatalog(engine, _group_tables, self._write_lock)
         _meta.create_all(engine)
         with engine.begin() as conn:
             self._check_schema_version(conn)
             self._load(conn)
+            self._groups.load(conn)
 
     @classmethod
     def open(cls, url: str, clock: Clock) -> MetadataStore:
@@ -251,9 +257,11 @@ class MetadataStore:
             self.get_project(name)
             gone = {k: v for k, v in self._logstores.items() if k[0] == name}
             with self._engine.begin() as conn:
+                self._groups.drop_logstore(conn, name, None)
                 conn.execute(sa.delete(_shards).where(_shards.c.project == name))
                 conn.execute(sa.delete(_logstores).where(_logstores.c.project == name))
                 conn.execute(sa.delete(_projects).where(_projects.c.name == name))
+            self._groups.forget(name, None)
             self._logstores = {k: v for k, v in self._logstores.items() if k not in gone}
             self._projects = {k: v for k, v in self._projects.items() if k != name}
             return [gone[k].logstore for k in sorted(gone)]
@@ -324,6 +332,7 @@ class MetadataStore:
         with self._write_lock:
             entry = self._entry(project, name)
             with self._engine.begin() as conn:
+                self._groups.drop_logstore(conn, project, name)
                 conn.execute(
                     sa.delete(_shards).where(
                         _shards.c.project == project, _shards.c.logstore == name
@@ -334,6 +343,7 @@ class MetadataStore:
                         _logstores.c.project == project, _logstores.c.name == name
                     )
                 )
+            self._groups.forget(project, name)
             self._logstores = {k: v for k, v in self._logstores.items() if k != (project, name)}
             return entry.logstore
 
@@ -356,6 +366,13 @@ class MetadataStore:
         shard = entry.writable[bisect_right(entry.writable_begins, key) - 1]
         assert shard.covers(key), (shard, key)
         return shard
+
+    # -- consumer groups ---------------------------------------------------------------------
+
+    def consumer_groups(self, project: str, logstore: str) -> ConsumerGroupCatalog:
+        """The groups and checkpoints of a logstore that exists (LogStoreNotExist if not)."""
+        self._entry(project, logstore)
+        return self._groups
 
     # -- split and merge ---------------------------------------------------------------------
 
