@@ -1,0 +1,668 @@
+"""The client-side lease protocol (``spec/lease-protocol.md``): consumers share a logstore's
+shards through lease rows in an external SQL database, with no help from the log server.
+
+Roles, as in the Kinesis Client Library:
+
+- ``LeaseStore``: the table behind it (``lease_sql.SqlLeaseStore``, or
+  ``loghub.testing.lease_store.MemoryLeaseStore``). Every lease write is a compare-and-set in
+  one statement: ``UPDATE ... WHERE lease_counter = :seen`` that increments the counter.
+  Checkpoint writes are a compare-and-set on ``consumer_owner`` instead (see ``write_checkpoint``).
+- ``Lease``: a lease row as this worker observed it, with the local monotonic time at which it
+  first saw that counter. ``is_expired(now_ms, lease_timeout_ms)`` is judged from that local
+  observation only: no other machine's clock is ever trusted.
+- ``LeaseTaker``: one taker round as a pure plan (``plan``): target = ceil(consumable shards /
+  live workers) (the floor once the ceiling's places are filled, see ``_target``); take free
+  and expired leases first, then steal the rest in one round from the most loaded workers
+  (``steal_counts``).
+- ``LeaseRenewer``: the leases this worker holds; bumps their counters, hands consumption over
+  to itself once a stolen lease's wait is over, and reports leases lost to a compare-and-set.
+- ``LeaseCoordinator``: what a consumer library drives: ``start`` then ``tick`` from its loop,
+  ``may_consume`` before processing, ``checkpoint`` to persist progress, ``shutdown`` to leave.
+
+Why a stolen shard is safe. A worker may consume a shard only while it is ``consumer_owner`` and
+less than one lease timeout has passed since the start of its last successful write to that
+lease. A thief sets only ``lease_owner``, and sets ``consumer_owner`` one lease timeout after
+its steal: by then the old holder's own deadline has passed (its last winning write committed
+before the thief read the counter it stole from), and in the normal case the old holder has
+long since lost a renew, stopped and written its final checkpoint, which it may still do because
+it is still ``consumer_owner``. Taking an *expired* lease hands consumption over at once: the
+holder's deadline passed before the lease looked expired to anyone.
+
+Held lease life cycle (``LeaseState``)::
+
+    take free/expired ─────────────────────────────> CONSUMING ──┐
+    steal ──> WAITING ──(one lease timeout later, renew sets      │ renew loses the CAS,
+                │        consumer_owner = me)──────> CONSUMING    │ or release
+                └─────────────────────────────────────────────────┴──> (gone)
+
+Thread-safety: none. A coordinator belongs to one loop (or is guarded by its caller's lock).
+"""
+
+from __future__ import annotations
+
+import enum
+import zlib
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from loghub._clock import Clock
+from loghub.errors import IllegalTransition, LeaseLostError, ParameterInvalid, StorageError
+
+__all__ = [
+    "Decisions",
+    "HeldLease",
+    "Lease",
+    "LeaseCoordinator",
+    "LeaseRecord",
+    "LeaseRenewer",
+    "LeaseState",
+    "LeaseStatistics",
+    "LeaseStore",
+    "LeaseTaker",
+    "TakePlan",
+    "checkpoint_length_max",
+    "lease_timeout_ms_default",
+    "lease_timeout_ms_min",
+    "observe",
+    "renews_per_lease_timeout",
+    "shards_per_group_max",
+    "steal_counts",
+    "taker_interval_lease_timeouts",
+    "worker_name_length_max",
+]
+
+# KCL's default failover time. Shorter means faster failover and more database writes.
+lease_timeout_ms_default = 10_000
+# Below this, one slow database round trip would cost leases.
+lease_timeout_ms_min = 100
+# The spec: the taker runs every 2 x lease timeout ...
+taker_interval_lease_timeouts = 2
+# ... and the renewer more often than every lease timeout / 2: three times, so a lease
+# survives two failed renews in a row.
+renews_per_lease_timeout = 3
+# At the limit ``tick`` raises ParameterInvalid: the caller passed more shards than a group
+# can hold (a logstore has at most 4096 shard ids ever).
+shards_per_group_max = 4096
+# The width of the name columns; longer names are refused (ParameterInvalid).
+worker_name_length_max = 128
+# A LogHub cursor is short; anything much longer is not a cursor (ParameterInvalid).
+checkpoint_length_max = 1024
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """One ``shard_lease`` row, as the store holds it. Empty strings mean "nobody"."""
+
+    shard_id: int
+    lease_counter: int
+    lease_owner: str = ""
+    consumer_owner: str = ""
+    checkpoint: str = ""
+
+
+class LeaseStore(Protocol):
+    """The lease table of one consumer group of one logstore.
+
+    Errors: a store that cannot reach its database raises ``StorageError``; nothing else.
+    Stores stamp ``created_at``/``heartbeat_at``/``updated_at`` with their own wall clock, for
+    monitoring and for the start-up estimate in ``recent_workers`` only.
+    """
+
+    def register_worker(self, worker_name: str) -> None:
+        """Insert or refresh this worker's row (``heartbeat_at`` = now)."""
+        ...
+
+    def heartbeat(self, worker_name: str) -> None: ...
+
+    def remove_worker(self, worker_name: str) -> None: ...
+
+    def recent_workers(self, within_ms: int) -> list[str]:
+        """Workers whose ``heartbeat_at`` is at most ``within_ms`` old, by name."""
+        ...
+
+    def list_leases(self) -> list[LeaseRecord]: ...
+
+    def get_lease(self, shard_id: int) -> LeaseRecord | None: ...
+
+    def create_leases(self, shard_ids: Collection[int]) -> None:
+        """Create a free lease (counter 0, no owner) for each shard that has none."""
+        ...
+
+    def compare_and_set(
+        self, shard_id: int, seen_counter: int, lease_owner: str, consumer_owner: str | None
+    ) -> bool:
+        """Set the owners (``consumer_owner`` None keeps it) and increment the counter, only if
+        the counter is still ``seen_counter``. True when this write won."""
+        ...
+
+    def write_checkpoint(self, shard_id: int, consumer_owner: str, checkpoint: str) -> bool:
+        """Set the checkpoint only if ``consumer_owner`` is still the given worker. True when
+        written. It leaves the counter alone: the counter is the lease's liveness token, and
+        bumping it would make the holder's own next renew look like a theft."""
+        ...
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease as this worker observed it: the row plus when this counter was first seen."""
+
+    record: LeaseRecord
+    counter_seen_at_ms: int  # local monotonic time at which this counter was first seen
+
+    @property
+    def shard_id(self) -> int:
+        return self.record.shard_id
+
+    @property
+    def lease_owner(self) -> str:
+        return self.record.lease_owner
+
+    def is_free(self) -> bool:
+        """Nobody holds it: never taken (counter 0), or released by a worker that left."""
+        return self.record.lease_owner == ""
+
+    def is_expired(self, now_ms: int, lease_timeout_ms: int) -> bool:
+        """Held, but its counter has not moved for longer than the lease timeout, as measured
+        on this machine's monotonic clock."""
+        return not self.is_free() and now_ms - self.counter_seen_at_ms > lease_timeout_ms
+
+
+def observe(
+    previous: Mapping[int, Lease], records: Iterable[LeaseRecord], seen_at_ms: int
+) -> dict[int, Lease]:
+    """The new observations: a lease keeps its first-seen time while its counter is unchanged.
+    ``seen_at_ms`` must be read after the records were read, so expiry is never judged early."""
+    observed = {}
+    for record in records:
+        before = previous.get(record.shard_id)
+        same = before is not None and before.record.lease_counter == record.lease_counter
+        seen = before.counter_seen_at_ms if same and before is not None else seen_at_ms
+        observed[record.shard_id] = Lease(record, seen)
+    return observed
+
+
+def steal_counts(holdings: Mapping[str, int], need: int) -> dict[str, int]:
+    """How many leases to steal from each worker, to get ``need`` in one round.
+
+    The spec's rule: order workers by how many they hold, most first; pick the first K such
+    that the average left to them after giving up ``need`` is still at least what worker K+1
+    holds; take from each of them enough that it ends within 1 of that average (the most loaded
+    keep the remainder). Nobody gives more than it has; workers not listed give nothing.
+    """
+    assert need >= 0 and all(count >= 0 for count in holdings.values()), (holdings, need)
+    order = sorted(holdings.items(), key=lambda item: (-item[1], item[0]))
+    if need == 0 or not order:
+        return {}
+    total = 0
+    chosen = 0
+    for chosen, (_, count) in enumerate(order, start=1):
+        total += count
+        next_count = order[chosen][1] if chosen < len(order) else 0
+        if total - need >= next_count * chosen:
+            break
+    left_base, left_extra = divmod(max(total - need, 0), chosen)
+    plan = {}
+    for index, (worker, count) in enumerate(order[:chosen]):
+        left = left_base + (1 if index < left_extra else 0)
+        assert left <= count, (holdings, need)
+        if count > left:
+            plan[worker] = count - left
+    return plan
+
+
+@dataclass(frozen=True)
+class TakePlan:
+    """One taker round. ``take``: free, expired or this worker's own orphaned leases;
+    ``steal``: live leases of other workers."""
+
+    take: tuple[Lease, ...] = ()
+    steal: tuple[Lease, ...] = ()
+    target: int = 0
+
+
+def _spread_key(worker_name: str, shard_id: int) -> int:
+    """A stable order per worker, so that workers racing for leases mostly pick different ones."""
+    return zlib.crc32(f"{worker_name}/{shard_id}".encode())
+
+
+class LeaseTaker:
+    """Plans a taker round. ``steal_max_per_round`` None is the spec's one-round steal; 1 is
+    the policy common elsewhere (KCL's ``maxLeasesToStealAtOneTime``), kept for comparison."""
+
+    def __init__(
+        self, worker_name: str, lease_timeout_ms: int, steal_max_per_round: int | None = None
+    ) -> None:
+        assert steal_max_per_round is None or steal_max_per_round >= 1
+        self.worker_name = worker_name
+        self.lease_timeout_ms = lease_timeout_ms
+        self.steal_max_per_round = steal_max_per_round
+
+    def plan(
+        self,
+        leases: Mapping[int, Lease],
+        shard_ids: Collection[int],
+        held: Collection[int],
+        now_ms: int,
+        extra_live: Collection[str] = (),
+    ) -> TakePlan:
+        """Pure: which leases to take and steal, given the observations, the consumable shards,
+        the shards this worker holds, and (at the first round) workers known live otherwise."""
+        me = self.worker_name
+        available: list[Lease] = []
+        theirs: dict[str, list[Lease]] = {}
+        consumable = [leases[shard] for shard in shard_ids if shard in leases]
+        for lease in consumable:
+            if lease.shard_id in held:
+                continue
+            expired = lease.is_expired(now_ms, self.lease_timeout_ms)
+            if lease.is_free() or lease.lease_owner == me or expired:
+                available.append(lease)
+            else:
+                theirs.setdefault(lease.lease_owner, []).append(lease)
+        live = set(theirs) | set(extra_live) | {me}
+        holdings = {worker: len(leases_) for worker, leases_ in theirs.items()}
+        target = _target(len(consumable), len(live), holdings)
+        mine = sum(1 for lease in consumable if lease.shard_id in held)
+        need = target - mine
+        if need <= 0:
+            return TakePlan(target=target)
+        # Own orphans first (a write of ours that we believed lost), then a spread order.
+        available.sort(key=lambda lease: (lease.lease_owner != me, _spread_key(me, lease.shard_id)))
+        take = tuple(available[:need])
+        need -= len(take)
+        # Steal only when it improves balance: at most 1 apart is already balanced.
+        if need == 0 or not holdings or max(holdings.values()) <= mine + len(take) + 1:
+            return TakePlan(take=take, target=target)
+        counts = steal_counts(holdings, need)
+        if self.steal_max_per_round is not None:
+            counts = _truncate(counts, holdings, self.steal_max_per_round)
+        steal: list[Lease] = []
+        for worker, count in sorted(counts.items()):
+            victims = sorted(theirs[worker], key=lambda lease: _spread_key(me, lease.shard_id))
+            steal.extend(victims[:count])
+        return TakePlan(take=take, steal=tuple(steal), target=target)
+
+
+def _target(shard_count: int, live_count: int, holdings: Mapping[str, int]) -> int:
+    """The spec's ceil(shards / live workers), except that when it does not divide evenly only
+    ``shards % live`` workers can hold the ceiling: once others fill those places, the floor.
+    Without this, the first workers to take the leases of a dead one each fill up to the
+    ceiling, and the last one must steal, which costs another lease timeout."""
+    floor, ceiling_places = divmod(shard_count, live_count)
+    if ceiling_places == 0:
+        return floor
+    at_ceiling = sum(1 for count in holdings.values() if count > floor)
+    return floor + 1 if at_ceiling < ceiling_places else floor
+
+
+def _truncate(counts: Mapping[str, int], holdings: Mapping[str, int], limit: int) -> dict[str, int]:
+    """At most ``limit`` leases in all, from the most loaded workers first."""
+    kept: dict[str, int] = {}
+    for worker in sorted(counts, key=lambda name: (-holdings[name], name)):
+        if limit == 0:
+            break
+        kept[worker] = min(counts[worker], limit)
+        limit -= kept[worker]
+    return kept
+
+
+class LeaseState(enum.Enum):
+    """A lease this worker holds; the diagram is in the module docstring."""
+
+    WAITING = "waiting"  # lease_owner is me; consumer_owner not yet (stolen, old holder's turn)
+    CONSUMING = "consuming"  # lease_owner and consumer_owner are me
+
+
+_VALID_PREVIOUS: dict[LeaseState, frozenset[LeaseState]] = {
+    LeaseState.WAITING: frozenset(),
+    LeaseState.CONSUMING: frozenset({LeaseState.WAITING}),
+}
+
+
+@dataclass
+class HeldLease:
+    """A lease this worker holds (mutable, owned by the renewer)."""
+
+    shard_id: int
+    lease_counter: int  # the counter our last winning write left
+    state: LeaseState
+    renewed_at_ms: int  # local monotonic time read just before our last winning write
+    consume_from_ms: int  # WAITING: when we may set consumer_owner to ourselves
+
+    def transition_to(self, state: LeaseState) -> None:
+        if self.state not in _VALID_PREVIOUS[state]:
+            raise IllegalTransition(f"shard {self.shard_id}: {self.state.value} -> {state.value}")
+        self.state = state
+
+    def may_consume(self, now_ms: int, lease_timeout_ms: int) -> bool:
+        """Consumer, and within one lease timeout of the start of our last winning write: past
+        that, somebody may already see the lease as expired and take it."""
+        return self.state is LeaseState.CONSUMING and now_ms - self.renewed_at_ms < lease_timeout_ms
+
+
+class LeaseRenewer:
+    """The leases this worker holds: renews them, hands stolen ones over, releases them."""
+
+    def __init__(self, store: LeaseStore, worker_name: str, lease_timeout_ms: int) -> None:
+        self.store = store
+        self.worker_name = worker_name
+        self.lease_timeout_ms = lease_timeout_ms
+        self.held: dict[int, HeldLease] = {}
+        self.store_errors = 0
+
+    def acquire(self, lease: Lease, now_ms: int, *, stolen: bool) -> bool:
+        """Take or steal ``lease`` with a compare-and-set on the counter seen. Consumption is
+        ours at once unless ``must_wait``."""
+        record = lease.record
+        wait = self.must_wait(lease, now_ms, stolen=stolen)
+        consumer = None if wait else self.worker_name
+        if not self.store.compare_and_set(
+            record.shard_id, record.lease_counter, self.worker_name, consumer
+        ):
+            return False
+        state = LeaseState.WAITING if wait else LeaseState.CONSUMING
+        # The wait counts from after our write: the old holder's last winning write committed
+        # before we read the counter we stole from, so its deadline is behind ours.
+        consume_from_ms = now_ms + self.lease_timeout_ms if wait else now_ms
+        self.held[record.shard_id] = HeldLease(
+            record.shard_id, record.lease_counter + 1, state, now_ms, consume_from_ms
+        )
+        return True
+
+    def must_wait(self, lease: Lease, now_ms: int, *, stolen: bool) -> bool:
+        """Whether another worker may still be consuming: after a steal, or when a free lease's
+        consumer_owner is someone else. An expired lease never waits: its holder's deadline
+        passed before the lease looked expired here."""
+        foreign_consumer = lease.record.consumer_owner not in ("", self.worker_name)
+        return stolen or (foreign_consumer and not lease.is_expired(now_ms, self.lease_timeout_ms))
+
+    def renew_all(self, clock: Clock) -> list[int]:
+        """One renew round; returns the shards lost (a compare-and-set lost: stop consuming,
+        save the checkpoint, let go). A store error leaves a lease held, its deadline running."""
+        lost = []
+        for shard_id, held in sorted(self.held.items()):
+            now_ms = clock.monotonic_ms()  # before the write: our deadline counts from here
+            handover = held.state is LeaseState.WAITING and now_ms >= held.consume_from_ms
+            consumer = self.worker_name if handover else None
+            try:
+                won = self.store.compare_and_set(
+                    shard_id, held.lease_counter, self.worker_name, consumer
+                )
+            except StorageError:
+                self.store_errors += 1
+                continue
+            if not won:
+                del self.held[shard_id]
+                lost.append(shard_id)
+                continue
+            held.lease_counter += 1
+            held.renewed_at_ms = now_ms
+            if handover:
+                held.transition_to(LeaseState.CONSUMING)
+        return lost
+
+    def release(self, shard_id: int) -> None:
+        """Give a lease back (leaving, or the shard is finished). Clears consumer_owner only if
+        it is ours: if we were still waiting, the old holder may still be consuming. A store
+        error keeps the lease held (raises), so the caller can retry."""
+        held = self.held[shard_id]
+        consumer = "" if held.state is LeaseState.CONSUMING else None
+        self.store.compare_and_set(shard_id, held.lease_counter, "", consumer)
+        del self.held[shard_id]
+
+    def may_consume(self, shard_id: int, now_ms: int) -> bool:
+        held = self.held.get(shard_id)
+        return held is not None and held.may_consume(now_ms, self.lease_timeout_ms)
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What the consumer library should do after a ``tick``.
+
+    ``start``: shards it may consume now: read their checkpoint (``read_checkpoint``) and start.
+    ``stop``: shards to stop consuming now: stop fetching, write the final checkpoint
+    (``checkpoint``, which raises LeaseLostError when too late), forget the shard.
+    ``consuming``: every shard it may consume after this tick (``start`` included).
+    ``waiting``: stolen shards it holds but may not consume yet.
+    ``next_tick_ms``: the monotonic time by which ``tick`` should run again.
+    """
+
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+    consuming: tuple[int, ...]
+    waiting: tuple[int, ...]
+    next_tick_ms: int
+
+
+@dataclass(frozen=True)
+class LeaseStatistics:
+    taker_rounds: int
+    renew_rounds: int
+    taken: int
+    stolen: int
+    lost: int
+    store_errors: int
+
+
+@dataclass
+class _Counters:
+    taker_rounds: int = 0
+    renew_rounds: int = 0
+    taken: int = 0
+    stolen: int = 0
+    lost: int = 0
+    store_errors: int = 0
+
+
+@dataclass
+class _Schedule:
+    next_renew_ms: int = 0
+    next_take_ms: int = 0
+    wanted: frozenset[int] = field(default_factory=frozenset)
+
+
+class LeaseCoordinator:
+    """One worker's side of the protocol. Drive it from one loop:
+
+    ``start(shards)`` once, then ``tick(shards)`` at least by ``Decisions.next_tick_ms`` (and as
+    often as you like: rounds run only when due); act on ``start``/``stop``; call
+    ``may_consume(shard)`` before processing each batch (a paused process must not consume
+    after its deadline even before its next tick); ``checkpoint(shard, cursor)`` to persist;
+    on a clean exit stop every shard, write final checkpoints, then ``shutdown()``.
+
+    ``shards`` are the shard ids the caller may consume now (for an ordered group, children
+    only once their parents are finished). Drop a finished read-only shard from the list only
+    after its last checkpoint is written: its lease is then released.
+    """
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        clock: Clock,
+        worker_name: str,
+        *,
+        lease_timeout_ms: int = lease_timeout_ms_default,
+        steal_max_per_round: int | None = None,
+    ) -> None:
+        if not 0 < len(worker_name) <= worker_name_length_max:
+            raise ParameterInvalid(f"worker name must be 1..{worker_name_length_max} characters")
+        if lease_timeout_ms < lease_timeout_ms_min:
+            raise ParameterInvalid(f"lease timeout must be at least {lease_timeout_ms_min} ms")
+        self.store = store
+        self.clock = clock
+        self.worker_name = worker_name
+        self.lease_timeout_ms = lease_timeout_ms
+        self.taker_interval_ms = taker_interval_lease_timeouts * lease_timeout_ms
+        self.renew_interval_ms = lease_timeout_ms // renews_per_lease_timeout
+        self.taker = LeaseTaker(worker_name, lease_timeout_ms, steal_max_per_round)
+        self.renewer = LeaseRenewer(store, worker_name, lease_timeout_ms)
+        self._observed: dict[int, Lease] = {}
+        self._reported: frozenset[int] = frozenset()
+        self._schedule = _Schedule()
+        self._counters = _Counters()
+        self._started = False
+
+    # -- what the consumer library calls -----------------------------------------------------
+
+    def start(self, shard_ids: Collection[int]) -> Decisions:
+        """Start-up: register, create missing leases, renew the leases already ours (a fast
+        restart keeps its shards), then a first taker round that also counts workers with a
+        recent heartbeat, so that a group starting together balances at once. A StorageError
+        propagates: nothing was taken; call ``start`` again."""
+        assert not self._started, "start once"
+        wanted = self._wanted(shard_ids)
+        self.store.register_worker(self.worker_name)
+        self._refresh(wanted)
+        now_ms = self.clock.monotonic_ms()
+        for lease in sorted(self._observed.values(), key=lambda lease: lease.shard_id):
+            if lease.lease_owner == self.worker_name and lease.shard_id in wanted:
+                self.renewer.acquire(lease, now_ms, stolen=False)
+        recent = self.store.recent_workers(self.lease_timeout_ms)
+        self._started = True
+        self._take_round(wanted, extra_live=recent)
+        self._schedule.next_renew_ms = now_ms + self.renew_interval_ms
+        self._schedule.next_take_ms = now_ms + self.taker_interval_ms
+        return self._decide(wanted)
+
+    def tick(self, shard_ids: Collection[int]) -> Decisions:
+        """Run the renew and taker rounds that are due; store errors are counted, not raised
+        (a lease survives two failed renews; after that it is stopped until a renew wins)."""
+        assert self._started, "call start first"
+        wanted = self._wanted(shard_ids)
+        schedule = self._schedule
+        now_ms = self.clock.monotonic_ms()
+        if now_ms >= schedule.next_renew_ms:
+            self._renew_round()
+            schedule.next_renew_ms = now_ms + self.renew_interval_ms
+            fresh = self._try_refresh(wanted)
+            if fresh and now_ms >= schedule.next_take_ms:
+                self._take_round(wanted, extra_live=())
+                schedule.next_take_ms = now_ms + self.taker_interval_ms
+        self._release_unwanted(wanted)
+        return self._decide(wanted)
+
+    def may_consume(self, shard_id: int) -> bool:
+        """True while this worker may process data of ``shard_id`` (no I/O)."""
+        return shard_id in self._schedule.wanted and self.renewer.may_consume(
+            shard_id, self.clock.monotonic_ms()
+        )
+
+    def read_checkpoint(self, shard_id: int) -> str:
+        """The stored checkpoint ("" when none: start from the configured position). Read it
+        after ``start`` names the shard: nobody else can write it from then on."""
+        record = self.store.get_lease(shard_id)
+        return "" if record is None else record.checkpoint
+
+    def checkpoint(self, shard_id: int, cursor: str) -> None:
+        """Persist ``cursor`` for ``shard_id``. Raises LeaseLostError when this worker is no
+        longer its consumer_owner (the shard moved on; the new consumer resumes from the last
+        checkpoint written), StorageError when the database cannot be reached."""
+        if len(cursor) > checkpoint_length_max:
+            raise ParameterInvalid(f"checkpoint longer than {checkpoint_length_max} characters")
+        if not self.store.write_checkpoint(shard_id, self.worker_name, cursor):
+            raise LeaseLostError(f"{self.worker_name} no longer consumes shard {shard_id}")
+
+    def shutdown(self) -> None:
+        """Leave cleanly: release every lease (others take them at once) and deregister. Call
+        after stopping every shard and writing its final checkpoint. Raises StorageError when
+        the database cannot be reached (the leases then expire: slower, still safe)."""
+        for shard_id in sorted(self.renewer.held):
+            self.renewer.release(shard_id)
+        self._reported = frozenset()
+        self.store.remove_worker(self.worker_name)
+
+    def statistics(self) -> LeaseStatistics:
+        counters = self._counters
+        return LeaseStatistics(
+            taker_rounds=counters.taker_rounds,
+            renew_rounds=counters.renew_rounds,
+            taken=counters.taken,
+            stolen=counters.stolen,
+            lost=counters.lost,
+            store_errors=counters.store_errors + self.renewer.store_errors,
+        )
+
+    # -- rounds ------------------------------------------------------------------------------
+
+    def _wanted(self, shard_ids: Collection[int]) -> frozenset[int]:
+        wanted = frozenset(shard_ids)
+        if len(wanted) > shards_per_group_max:
+            raise ParameterInvalid(f"more than {shards_per_group_max} shards in one group")
+        self._schedule.wanted = wanted
+        return wanted
+
+    def _refresh(self, wanted: frozenset[int]) -> None:
+        """Read every lease, note when each counter was first seen, create missing leases."""
+        records = self.store.list_leases()
+        self._observed = observe(self._observed, records, self.clock.monotonic_ms())
+        missing = wanted - self._observed.keys()
+        if missing:
+            self.store.create_leases(sorted(missing))
+            self._observed = observe(
+                self._observed, self.store.list_leases(), self.clock.monotonic_ms()
+            )
+
+    def _try_refresh(self, wanted: frozenset[int]) -> bool:
+        try:
+            self._refresh(wanted)
+        except StorageError:
+            self._counters.store_errors += 1
+            return False
+        return True
+
+    def _renew_round(self) -> None:
+        self._counters.renew_rounds += 1
+        lost = self.renewer.renew_all(self.clock)
+        self._counters.lost += len(lost)
+        try:
+            self.store.heartbeat(self.worker_name)
+        except StorageError:
+            self._counters.store_errors += 1
+
+    def _take_round(self, wanted: frozenset[int], extra_live: Collection[str]) -> None:
+        self._counters.taker_rounds += 1
+        now_ms = self.clock.monotonic_ms()
+        held = self.renewer.held.keys() & wanted
+        plan = self.taker.plan(self._observed, wanted, held, now_ms, extra_live)
+        for lease, stolen in _with_kind(plan.take, plan.steal):
+            try:
+                won = self.renewer.acquire(lease, self.clock.monotonic_ms(), stolen=stolen)
+            except StorageError:
+                self._counters.store_errors += 1
+                continue
+            if won:
+                self._counters.stolen += stolen
+                self._counters.taken += not stolen
+
+    def _release_unwanted(self, wanted: frozenset[int]) -> None:
+        for shard_id in sorted(self.renewer.held.keys() - wanted):
+            try:
+                self.renewer.release(shard_id)
+            except StorageError:
+                self._counters.store_errors += 1
+
+    def _decide(self, wanted: frozenset[int]) -> Decisions:
+        now_ms = self.clock.monotonic_ms()
+        held = self.renewer.held
+        consuming = frozenset(
+            s for s in held if s in wanted and self.renewer.may_consume(s, now_ms)
+        )
+        waiting = sorted(
+            s for s, h in held.items() if h.state is LeaseState.WAITING and s in wanted
+        )
+        start, stop = consuming - self._reported, self._reported - consuming
+        self._reported = consuming
+        schedule = self._schedule
+        return Decisions(
+            start=tuple(sorted(start)),
+            stop=tuple(sorted(stop)),
+            consuming=tuple(sorted(consuming)),
+            waiting=tuple(waiting),
+            next_tick_ms=min(schedule.next_renew_ms, schedule.next_take_ms),
+        )
+
+
+def _with_kind(take: Sequence[Lease], steal: Sequence[Lease]) -> Iterable[tuple[Lease, bool]]:
+    yield from ((lease, False) for lease in take)
+    yield from ((lease, True) for lease in steal)
