@@ -290,18 +290,21 @@ class _Router:
         raise LogHubError(f"no readwrite shard covers key {key:032x}")
 
     def send(self, records: list[tuple[int, dict[str, str]]], keys: list[int]) -> None:
+        pending = list(zip(records, keys, strict=True))
         for _attempt in range(5):
-            buckets: dict[int, list[tuple[int, dict[str, str]]]] = {}
-            for record, key in zip(records, keys, strict=True):
-                buckets.setdefault(self.shard_for(key), []).append(record)
-            try:
-                for shard_id, bucket in buckets.items():
-                    self.client.put_log_group(
-                        self.project, self.logstore, make_log_group(bucket), shard_id=shard_id
-                    )
+            buckets: dict[int, list[tuple[tuple[int, dict[str, str]], int]]] = {}
+            for record, key in pending:
+                buckets.setdefault(self.shard_for(key), []).append((record, key))
+            pending = []
+            for shard_id, bucket in buckets.items():
+                group = make_log_group([record for record, _ in bucket])
+                try:
+                    self.client.put_log_group(self.project, self.logstore, group, shard_id=shard_id)
+                except ShardReadOnly:
+                    pending.extend(bucket)  # split or merged since: route these again
+            if not pending:
                 return
-            except ShardReadOnly:
-                self.refresh()  # the shard split or merged: route again (may resend a bucket)
+            self.refresh()
         raise LogHubError("shards kept changing while sending; giving up")
 
 
@@ -396,13 +399,16 @@ def tail(
 ) -> None:
     """Print a logstore's logs as JSON lines (shard, cursor, time, contents)."""
     with _client(endpoint, access_key_id, access_key_secret) as client:
-        shard_ids = (
-            [shard]
-            if shard is not None
-            else [s.shard_id for s in client.list_shards(project, logstore)]
-        )
+
+        def all_shards() -> set[int]:
+            return {s.shard_id for s in client.list_shards(project, logstore)}
+
+        shard_ids = {shard} if shard is not None else all_shards()
         cursors = {s: client.get_cursor(project, logstore, s, start) for s in shard_ids}
         while True:
+            if shard is None:  # shards made by splits and merges since: from their beginning
+                for new_shard in sorted(all_shards() - set(cursors)):
+                    cursors[new_shard] = client.get_cursor(project, logstore, new_shard, "begin")
             idle = True
             for shard_id, cursor in cursors.items():
                 result = client.pull_logs(project, logstore, shard_id, cursor)

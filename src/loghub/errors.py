@@ -17,7 +17,8 @@ body, so an error means the same thing on both sides of the wire: the server tur
     │   ├── InvalidCursor
     │   ├── InvalidShardCheckPoint
     │   ├── LogStoreInfoInvalid
-    │   └── ShardReadOnly               a write addressed to a read-only shard
+    │   ├── ShardReadOnly               a write addressed to a read-only shard
+    │   └── ConsumerNotMatch            a fenced checkpoint from a consumer not holding it
     ├── NotFoundError
     │   ├── ProjectNotExist
     │   ├── LogStoreNotExist
@@ -52,6 +53,7 @@ __all__ = [
     "ClientError",
     "ConsumerGroupAlreadyExist",
     "ConsumerGroupNotExist",
+    "ConsumerNotMatch",
     "CoordinationError",
     "CorruptSegmentError",
     "IllegalTransition",
@@ -150,6 +152,10 @@ class LogStoreInfoInvalid(RequestError):
 
 class ShardReadOnly(RequestError):
     code = "ShardReadOnly"
+
+
+class ConsumerNotMatch(RequestError):
+    code = "ConsumerNotMatch"
 
 
 class NotFoundError(LogHubError):

@@ -104,7 +104,7 @@ class Logstore:
 @dataclass(frozen=True)
 class Shard:
     """One shard and its lineage. A shard covers ``[begin_key, end_key)``; ``end_key`` may be
-    ``2**128``. Split and merge (a later change) turn a shard read-only, set ``closed_at_s``
+    ``2**128``. Split and merge turn a shard read-only, set ``closed_at_s``
     and ``end_seq`` (the sequence number after its last group) and record ``children``; the
     new shards record their ``parents``, which in-order consumption needs."""
 

@@ -34,6 +34,7 @@ from loghub.errors import (
     PostBodyInvalid,
     PostBodyTooLarge,
     ProjectNotExist,
+    StorageError,
 )
 from loghub.server.config import ServerConfig
 from loghub.server.errors import http_status
@@ -165,6 +166,10 @@ class LogHubApp:
         request_id = os.urandom(12).hex().upper()
         try:
             response = await self._handle(request, request_id)
+        except StorageError as exc:
+            # the server's own fault: the details (paths, positions) are for its log only
+            log.error("request %s %s: %s", scope.get("method"), scope.get("path"), exc)
+            response = _error(LogHubError("internal storage error"), request_id)
         except LogHubError as exc:
             response = _error(exc, request_id)
         except Exception:
@@ -271,6 +276,10 @@ class LogHubApp:
                 return self._list_shards(call, parts[1])
             if parts[2] == "shards" and len(parts) == 4:
                 return await self._shard(call, parts[1], parts[3])
+            if parts[2] == "consumergroups" and len(parts) == 3:
+                return await self._consumer_groups(call, parts[1])
+            if parts[2] == "consumergroups" and len(parts) == 4:
+                return await self._consumer_group(call, parts[1], parts[3])
         raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
 
     # -- projects ----------------------------------------------------------------------------
@@ -330,6 +339,55 @@ class LogHubApp:
             await self._blocking(self.service.delete_logstore, project, name)
             return _empty(call.request_id)
         raise ParameterInvalid(f"unsupported API: {call.method} /logstores/{name}")
+
+    # -- consumer groups -----------------------------------------------------------------------
+
+    async def _consumer_groups(self, call: _Call, logstore: str) -> Response:
+        project = call.need_project()
+        groups = self.service.groups
+        if call.method == "POST":
+            await self._blocking(groups.create, project, logstore, call.json_body())
+            return _empty(call.request_id)
+        if call.method == "GET":
+            return _json(groups.list_groups(project, logstore), call.request_id)
+        raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
+
+    async def _consumer_group(self, call: _Call, logstore: str, name: str) -> Response:
+        project = call.need_project()
+        groups = self.service.groups
+        kind = call.query.get("type")
+        consumer = call.query.get("consumer", "")
+        if call.method == "POST" and kind == "heartbeat":
+            granted = await self._blocking(
+                groups.heartbeat, project, logstore, name, consumer, call.json_body()
+            )
+            return _json(granted, call.request_id)
+        if call.method == "POST" and kind == "checkpoint":
+            force = call.query.get("forceSuccess", "true").lower() == "true"
+            await self._blocking(
+                groups.update_checkpoint,
+                project,
+                logstore,
+                name,
+                consumer,
+                force,
+                call.json_body(),
+            )
+            return _empty(call.request_id)
+        if call.method == "GET":
+            shard = call.query.get("shard")
+            shard_id = None if shard is None else _int_param(call, "shard")
+            if shard_id is not None and shard_id < 0:
+                shard_id = None
+            checkpoints = groups.get_checkpoints(project, logstore, name, shard_id)
+            return _json(checkpoints, call.request_id)
+        if call.method == "PUT":
+            await self._blocking(groups.update, project, logstore, name, call.json_body())
+            return _empty(call.request_id)
+        if call.method == "DELETE":
+            await self._blocking(groups.delete, project, logstore, name)
+            return _empty(call.request_id)
+        raise ParameterInvalid(f"unsupported API: {call.method} {call.path} type={kind!r}")
 
     # -- shards ------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from typing import Any
 from loghub._clock import Clock
 from loghub.errors import (
     InvalidCursor,
+    LogHubError,
     LogStoreInfoInvalid,
     NotFoundError,
     ParameterInvalid,
@@ -30,9 +31,10 @@ from loghub.errors import (
 from loghub.metadata import Logstore, LogstoreSpec, MetadataStore, Shard, parse_hash_key
 from loghub.server.autosplit import AutoSplitMonitor
 from loghub.server.config import ServerConfig
+from loghub.server.groups import GroupService
 from loghub.server.validation import BodyChecker
 from loghub.storage import ReadBatch, ShardLog, ShardStore, StorageConfig
-from loghub.wire.compression import compress, decompress
+from loghub.wire.compression import compress
 from loghub.wire.cursor import decode_cursor, encode_cursor
 from loghub.wire.logs import frame_log_group
 
@@ -70,6 +72,7 @@ class LogHubService:
             ),
             clock,
         )
+        self.groups = GroupService(self.metadata, self.storage, clock)
         self._round_robin = itertools.count()
         self.body_checker = BodyChecker(
             config.limits, config.parse_processes, config.parse_inline_bytes_max
@@ -180,6 +183,10 @@ class LogHubService:
                 created.extend(self.split_shard(project, logstore, shard_id, None)[1:])
             except (NotFoundError, ShardReadOnly):
                 continue  # deleted or already resharded since it was measured
+            except LogHubError as exc:  # e.g. a range too narrow or no shard ids left
+                log.warning(
+                    "auto-split of %s/%s shard %d refused: %s", project, logstore, shard_id, exc
+                )
         return created
 
     def pick_shard(self, project: str, logstore: str, target: str, hash_key: str | None) -> Shard:
@@ -216,8 +223,8 @@ class LogHubService:
         for any key, writes before the change are in the parent and later ones in a child.
         Blocking (decompression, parse, fsync wait): call from a storage thread.
         """
-        self.body_checker.check(compress_type, body, raw_size)
-        raw = decompress(compress_type, body, raw_size, self.config.limits.raw_body_bytes_max)
+        self.metadata.get_logstore(project, logstore)  # a missing logstore first: LogStoreNotExist
+        raw = self.body_checker.checked_raw(compress_type, body, raw_size)
         payload = frame_log_group(raw)
         for _attempt in range(_REROUTES_MAX):
             shard = self.pick_shard(project, logstore, target, hash_key)

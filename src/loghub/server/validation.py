@@ -39,7 +39,10 @@ def check_log_group(
 ) -> int:
     """Proves `body` a complete, non-empty LogGroup within the limits; returns its log count.
     Raises PostBodyInvalid, PostBodyTooLarge or InvalidCompressType."""
-    raw = decompress(compress_type, body, raw_size, limits.raw_body_bytes_max)
+    return _check_raw(decompress(compress_type, body, raw_size, limits.raw_body_bytes_max), limits)
+
+
+def _check_raw(raw: bytes, limits: Limits) -> int:
     group = parse_log_group(raw)
     count = len(group.Logs)
     if not count:
@@ -68,21 +71,26 @@ class BodyChecker:
                 )
             return self._pool
 
-    def check(self, compress_type: str | None, body: bytes, raw_size: int | None) -> int:
+    def checked_raw(self, compress_type: str | None, body: bytes, raw_size: int | None) -> bytes:
+        """The decompressed body, once proven a complete LogGroup within the limits."""
+        raw_bytes_max = self._limits.raw_body_bytes_max
         if self._processes <= 0 or len(body) <= self._inline_bytes_max:
-            return check_log_group(compress_type, body, raw_size, self._limits)
+            raw = decompress(compress_type, body, raw_size, raw_bytes_max)
+            _check_raw(raw, self._limits)
+            return raw
         pool = self._worker_pool()
         try:
-            return pool.submit(
-                check_log_group, compress_type, body, raw_size, self._limits
-            ).result()
+            pool.submit(check_log_group, compress_type, body, raw_size, self._limits).result()
         except BrokenProcessPool:
             log.error("a body-checking worker died; starting new ones")
             with self._lock:
                 if self._pool is pool:
                     self._pool = None
             pool.shutdown(wait=False)
-            return check_log_group(compress_type, body, raw_size, self._limits)
+            check_log_group(compress_type, body, raw_size, self._limits)
+        # decompressing again here costs less than shipping the raw bytes back (lz4 and zstd
+        # release the GIL)
+        return decompress(compress_type, body, raw_size, raw_bytes_max)
 
     def close(self) -> None:
         with self._lock:
