@@ -251,6 +251,75 @@ class LogHubClient:
         reply = self._json_request("POST", project, path, [("action", "merge")])
         return [ShardInfo.from_json(s) for s in reply]
 
+    # -- consumer groups -----------------------------------------------------------------------
+
+    def create_consumer_group(
+        self, project: str, logstore: str, group: str, timeout_s: int, ordered: bool = False
+    ) -> None:
+        body = {"consumerGroup": group, "timeout": timeout_s, "order": ordered}
+        self._json_request("POST", project, f"/logstores/{logstore}/consumergroups", body=body)
+
+    def update_consumer_group(
+        self,
+        project: str,
+        logstore: str,
+        group: str,
+        timeout_s: int | None = None,
+        ordered: bool | None = None,
+    ) -> None:
+        body: dict[str, Any] = {}
+        if timeout_s is not None:
+            body["timeout"] = timeout_s
+        if ordered is not None:
+            body["order"] = ordered
+        path = f"/logstores/{logstore}/consumergroups/{group}"
+        self._json_request("PUT", project, path, body=body)
+
+    def delete_consumer_group(self, project: str, logstore: str, group: str) -> None:
+        self._json_request("DELETE", project, f"/logstores/{logstore}/consumergroups/{group}")
+
+    def list_consumer_groups(self, project: str, logstore: str) -> list[dict[str, Any]]:
+        reply = self._json_request("GET", project, f"/logstores/{logstore}/consumergroups")
+        return list(reply)
+
+    def heartbeat(
+        self, project: str, logstore: str, group: str, consumer: str, held: Sequence[int]
+    ) -> list[int]:
+        """Reports the shards `consumer` holds; returns the shards it should hold."""
+        path = f"/logstores/{logstore}/consumergroups/{group}"
+        query = [("type", "heartbeat"), ("consumer", consumer)]
+        return [int(s) for s in self._json_request("POST", project, path, query, list(held))]
+
+    def update_checkpoint(
+        self,
+        project: str,
+        logstore: str,
+        group: str,
+        shard_id: int,
+        cursor: str,
+        consumer: str = "",
+        force: bool = True,
+    ) -> None:
+        """Saves a shard's checkpoint; with force=False only the shard's holder may (the
+        server answers ConsumerNotMatch to anyone else)."""
+        path = f"/logstores/{logstore}/consumergroups/{group}"
+        query = [
+            ("type", "checkpoint"),
+            ("consumer", consumer),
+            ("forceSuccess", "True" if force else "False"),
+        ]
+        body = {"shard": shard_id, "checkpoint": cursor}
+        self._json_request("POST", project, path, query, body)
+
+    def get_checkpoints(
+        self, project: str, logstore: str, group: str, shard_id: int | None = None
+    ) -> dict[int, str]:
+        """Shard id -> checkpoint cursor ("" where none was saved)."""
+        path = f"/logstores/{logstore}/consumergroups/{group}"
+        query = [] if shard_id is None else [("shard", str(shard_id))]
+        reply = self._json_request("GET", project, path, query)
+        return {int(entry["shard"]): str(entry["checkpoint"]) for entry in reply}
+
     # -- data --------------------------------------------------------------------------------
 
     def put_log_group(
