@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from _group_driver import rebalance_ms
+
 from loghub.coordination.lease import (
     LeaseCoordinator,
     lease_timeout_ms_default,
@@ -107,11 +109,17 @@ def measure(steal_max_per_round: int | None, scenario: str, offset_ms: int) -> i
     return group.run_until_balanced()
 
 
-# --- heartbeat (server-side consumer group) mode: SLOT FOR THE LEAD -------------------------
-# Fill in with loghub.coordination.group driven the same way (64 shards, 2 -> 8 and 8 -> 2,
-# heartbeats every tick), returning simulated ms to a balanced group; None prints the notice.
+# --- heartbeat (server-side consumer group) mode --------------------------------------------
+# The server's ConsumerGroup driven by SDK-like consumers (_group_driver): heartbeats every
+# lease timeout / 2 and a group timeout of one lease timeout, the SDK's ratio, so that both
+# modes notice a dead consumer after the same time.
 def heartbeat_mode_rebalance_ms(scenario: str) -> int | None:
-    return None
+    return rebalance_ms(
+        scenario,
+        shard_count=64,
+        heartbeat_interval_ms=lease_timeout_ms_default // 2,
+        timeout_ms=lease_timeout_ms_default,
+    )
 
 
 SCENARIOS = {
@@ -147,7 +155,11 @@ def main() -> None:
     else:
         for scenario, elapsed_ms in measured.items():
             shown = "n/a" if elapsed_ms is None else f"{elapsed_ms / 1000:.1f} s"
-            print(f"heartbeat mode, {SCENARIOS[scenario]}: {shown}")
+            print(
+                f"heartbeat mode, {SCENARIOS[scenario]}: {shown} (heartbeat "
+                f"{lease_timeout_ms_default // 2000} s, group timeout "
+                f"{lease_timeout_ms_default // 1000} s)"
+            )
 
 
 if __name__ == "__main__":

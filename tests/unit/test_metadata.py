@@ -32,6 +32,7 @@ from loghub.metadata import (
     MetadataStore,
     even_ranges,
     format_hash_key,
+    max_split_shard_max,
     md5_hash_key,
     parse_hash_key,
     shards_per_logstore_max,
@@ -215,7 +216,7 @@ def test_duplicate_and_missing_logstores(store: MetadataStore) -> None:
         LogstoreSpec("events", shard_count=0),
         LogstoreSpec("events", shard_count=shards_per_logstore_max + 1),
         LogstoreSpec("events", max_split_shard=0),
-        LogstoreSpec("events", max_split_shard=257),
+        LogstoreSpec("events", max_split_shard=max_split_shard_max + 1),
         LogstoreSpec("events", auto_split="yes"),  # type: ignore[arg-type]
         LogstoreSpec("events", extra=["hot_ttl"]),  # type: ignore[arg-type]
     ],

@@ -25,8 +25,8 @@ __all__ = [
 ]
 
 # Each shard is a directory and a writer; this bounds what one request can make us create.
-shards_per_logstore_max = 256
-max_split_shard_max = 256
+shards_per_logstore_max = 1024
+max_split_shard_max = 1024
 ttl_days_max = 3650
 description_chars_max = 1024
 
