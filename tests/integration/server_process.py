@@ -48,7 +48,7 @@ class ServerProcess:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, timeout_s: float = 30.0) -> ServerProcess:
+    def start(self, timeout_s: float = 60.0) -> ServerProcess:
         args = [
             sys.executable,
             "-m",
@@ -76,11 +76,15 @@ class ServerProcess:
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
             try:
                 reply = httpx.get(f"http://{self.endpoint}/health", timeout=1)
-                # the pid tells our server from another process that took the same port
-                if reply.status_code == 200 and reply.json().get("pid") == self.proc.pid:
-                    return self
             except httpx.HTTPError:
-                pass
+                time.sleep(0.05)
+                continue
+            # the pid tells our server from another process that took the same port
+            if reply.status_code == 200 and reply.json().get("pid") == self.proc.pid:
+                return self
+            if reply.status_code == 200:
+                self.kill()
+                raise RuntimeError(f"port {self.port} answers for pid {reply.json().get('pid')}")
             time.sleep(0.05)
         self.kill()
         raise RuntimeError(f"server did not become healthy: {self.log()}")
