@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -38,6 +39,8 @@ from loghub.errors import (
 )
 from loghub.server.config import ServerConfig
 from loghub.server.errors import http_status
+from loghub.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from loghub.server.metrics import api_label
 from loghub.server.service import LogHubService, parse_shard_id
 from loghub.wire.compression import choose_response_compression
 from loghub.wire.errors import error_body
@@ -164,6 +167,7 @@ class LogHubApp:
             return
         request = Request(scope, receive)
         request_id = os.urandom(12).hex().upper()
+        started = time.perf_counter()
         try:
             response = await self._handle(request, request_id)
         except StorageError as exc:
@@ -176,6 +180,18 @@ class LogHubApp:
             log.exception("request %s %s failed", scope.get("method"), scope.get("path"))
             response = _error(LogHubError("internal server error"), request_id)
         await response(scope, receive, send)
+        self._count(request, response.status_code, time.perf_counter() - started)
+
+    def _count(self, request: Request, status: int, elapsed_s: float) -> None:
+        path: str = request.scope["path"]
+        if path in ("/health", "/metrics"):
+            return
+        raw_query: bytes = request.scope.get("query_string", b"")
+        query = dict(parse_qsl(raw_query.decode("latin-1")))
+        api = api_label(request.method, [p for p in path.split("/") if p], query)
+        metrics = self.service.metrics
+        metrics.requests.labels(api, str(status)).inc()
+        metrics.request_seconds.labels(api).observe(elapsed_s)
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args))
@@ -243,6 +259,8 @@ class LogHubApp:
     async def _handle(self, request: Request, request_id: str) -> Response:
         if request.scope["path"] == "/health":
             return _json({"status": "ok", "pid": os.getpid()}, request_id)
+        if request.scope["path"] == "/metrics":
+            return Response(self.service.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
         project = project_from_host(request.headers.get("host", ""), self.config.base_hosts)
         call = _Call(request, request_id, project)
         call.body = await self._read_body(request)

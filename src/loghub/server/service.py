@@ -32,6 +32,7 @@ from loghub.metadata import Logstore, LogstoreSpec, MetadataStore, Shard, parse_
 from loghub.server.autosplit import AutoSplitMonitor
 from loghub.server.config import ServerConfig
 from loghub.server.groups import GroupService
+from loghub.server.metrics import ServerMetrics
 from loghub.server.validation import BodyChecker
 from loghub.storage import ReadBatch, ShardLog, ShardStore, StorageConfig
 from loghub.wire.compression import compress
@@ -73,6 +74,7 @@ class LogHubService:
             clock,
         )
         self.groups = GroupService(self.metadata, self.storage, clock)
+        self.metrics = ServerMetrics()
         self._round_robin = itertools.count()
         self.body_checker = BodyChecker(
             config.limits, config.parse_processes, config.parse_inline_bytes_max
@@ -237,6 +239,8 @@ class LogHubService:
                 self.metadata.wait_for_writes()
                 continue
             self.autosplit.record(project, logstore, shard.shard_id, len(payload))
+            self.metrics.put_groups.inc()
+            self.metrics.put_bytes.inc(len(raw))
             return sequence
         raise ShardReadOnly(f"logstore {logstore} kept resharding; try again")
 
@@ -280,6 +284,8 @@ class LogHubService:
         if end is not None and end < start:
             raise InvalidCursor(f"end_cursor {end_cursor} is before cursor {cursor}")
         batch: ReadBatch = shard_log.read(start, count, limits.pull_bytes_max, end)
+        self.metrics.pull_groups.inc(batch.count)
+        self.metrics.pull_bytes.inc(len(batch.data))
         body = compress(accept_compress, batch.data) if batch.data else b""
         return PullResult(
             body=body,
