@@ -24,6 +24,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class PortTaken(Exception):
+    """Another process answers on the port this server was to use."""
+
+
 class ServerProcess:
     def __init__(
         self,
@@ -49,6 +53,16 @@ class ServerProcess:
         return self.proc.pid
 
     def start(self, timeout_s: float = 60.0) -> ServerProcess:
+        """Starts the server and waits until it answers; if another process grabbed the free
+        port first (other tests run on this machine too), tries again on a new port."""
+        for _attempt in range(3):
+            try:
+                return self._start_once(timeout_s)
+            except PortTaken:
+                self.port = free_port()
+        raise RuntimeError("no free port stayed free long enough to start a server")
+
+    def _start_once(self, timeout_s: float) -> ServerProcess:
         args = [
             sys.executable,
             "-m",
@@ -73,6 +87,8 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if "address already in use" in self.log():
+                    raise PortTaken(self.port)
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
             try:
                 reply = httpx.get(f"http://{self.endpoint}/health", timeout=1)
@@ -84,7 +100,7 @@ class ServerProcess:
                 return self
             if reply.status_code == 200:
                 self.kill()
-                raise RuntimeError(f"port {self.port} answers for pid {reply.json().get('pid')}")
+                raise PortTaken(self.port)
             time.sleep(0.05)
         self.kill()
         raise RuntimeError(f"server did not become healthy: {self.log()}")
