@@ -91,7 +91,9 @@ class ServerProcess:
                     raise PortTaken(self.port)
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
             try:
-                reply = httpx.get(f"http://{self.endpoint}/health", timeout=1)
+                # never through a proxy from the environment (the SDK tests set HTTP_PROXY)
+                with httpx.Client(trust_env=False, timeout=1) as http:
+                    reply = http.get(f"http://{self.endpoint}/health")
             except httpx.HTTPError:
                 time.sleep(0.05)
                 continue

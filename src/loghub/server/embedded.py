@@ -56,8 +56,10 @@ class EmbeddedServer:
         deadline = time.monotonic() + self._start_timeout_s
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"http://{self.endpoint}/health", timeout=1).status_code == 200:
-                    return self
+                # never through a proxy from the environment: this server is local
+                with httpx.Client(trust_env=False, timeout=1) as http:
+                    if http.get(f"http://{self.endpoint}/health").status_code == 200:
+                        return self
             except httpx.HTTPError:
                 pass
             if not self._thread.is_alive():
