@@ -21,115 +21,34 @@ Thread-safety: not thread-safe; the shard log calls it under its lock.
 
 from __future__ import annotations
 
-import bisect
 import struct
-from array import array
-from collections.abc import Iterable
-from pathlib import Path
 
-from loghub.storage._files import IndexFile
+from loghub.storage._pair_index import PairIndex
 
 __all__ = ["OffsetIndex"]
 
-_ENTRY = struct.Struct(">II")
 
-
-class OffsetIndex:
+class OffsetIndex(PairIndex):
     """Sparse (relative sequence -> file position) entries of one segment."""
 
-    ENTRY_BYTES = _ENTRY.size
-
-    def __init__(self, path: Path, *, create: bool) -> None:
-        self._file = IndexFile(path, create=create)
-        self._relative_sequences: array[int] = array("Q")
-        self._positions: array[int] = array("Q")
-        self.intact = True
-        if not create:
-            data = self._file.read_all()
-            whole = len(data) - len(data) % _ENTRY.size
-            self.intact = self._file.existed and whole == len(data)
-            for relative_sequence, position in _ENTRY.iter_unpack(data[:whole]):
-                self._relative_sequences.append(relative_sequence)
-                self._positions.append(position)
-
-    @property
-    def path(self) -> Path:
-        return self._file.path
-
-    def __len__(self) -> int:
-        return len(self._relative_sequences)
-
-    def entries(self) -> list[tuple[int, int]]:
-        return list(zip(self._relative_sequences, self._positions, strict=True))
+    ENTRY = struct.Struct(">II")
+    SEQUENCE_FIELD = 0
 
     def last(self) -> tuple[int, int] | None:
-        if not self._relative_sequences:
-            return None
-        return self._relative_sequences[-1], self._positions[-1]
-
-    def extend(self, entries: Iterable[tuple[int, int]]) -> None:
-        encoded = []
-        for relative_sequence, position in entries:
-            last = self.last()
-            assert last is None or (relative_sequence > last[0] and position > last[1])
-            assert last is not None or (relative_sequence, position) == (0, 0)
-            self._relative_sequences.append(relative_sequence)
-            self._positions.append(position)
-            encoded.append(_ENTRY.pack(relative_sequence, position))
-        if encoded:
-            self._file.append(b"".join(encoded))
+        return self[len(self) - 1] if len(self) else None
 
     def floor(self, relative_sequence: int) -> tuple[int, int]:
         """The last entry at or before ``relative_sequence``."""
-        index = bisect.bisect_right(self._relative_sequences, relative_sequence) - 1
+        index = self._sequence_position(relative_sequence, right=True) - 1
         assert index >= 0, "the first record of a segment is always indexed"
-        return self._relative_sequences[index], self._positions[index]
+        return self[index]
 
     def ceiling_position(self, relative_sequence: int) -> int | None:
         """The position of the first indexed record at or after ``relative_sequence``."""
-        index = bisect.bisect_left(self._relative_sequences, relative_sequence)
-        if index == len(self._positions):
-            return None
-        return self._positions[index]
+        index = self._sequence_position(relative_sequence, right=False)
+        return None if index == len(self) else self[index][1]
 
     def is_consistent(self, log_size_bytes: int, record_count: int) -> bool:
-        if not self.intact:
+        if not self._well_formed(record_count):
             return False
-        if record_count == 0:
-            return len(self) == 0
-        if len(self) == 0 or self.last() is None or (self[0]) != (0, 0):
-            return False
-        for index in range(1, len(self)):
-            if self._relative_sequences[index] <= self._relative_sequences[index - 1]:
-                return False
-            if self._positions[index] <= self._positions[index - 1]:
-                return False
-        last_relative_sequence, last_position = self[len(self) - 1]
-        return last_relative_sequence < record_count and last_position < log_size_bytes
-
-    def __getitem__(self, index: int) -> tuple[int, int]:
-        return self._relative_sequences[index], self._positions[index]
-
-    def truncate_to(self, record_count: int) -> None:
-        """Drops entries of records at or after ``record_count`` (after the log was cut)."""
-        keep = bisect.bisect_left(self._relative_sequences, record_count)
-        if keep < len(self):
-            del self._relative_sequences[keep:]
-            del self._positions[keep:]
-            self._file.rewrite(self._encode())
-
-    def reset(self, entries: list[tuple[int, int]]) -> None:
-        """Replaces every entry (a rebuild from the log)."""
-        self._relative_sequences = array("Q", (entry[0] for entry in entries))
-        self._positions = array("Q", (entry[1] for entry in entries))
-        self._file.rewrite(self._encode())
-        self.intact = True
-
-    def sync(self) -> None:
-        self._file.sync(self._encode)
-
-    def close(self) -> None:
-        self._file.close()
-
-    def _encode(self) -> bytes:
-        return b"".join(_ENTRY.pack(*entry) for entry in self.entries())
+        return record_count == 0 or self[0] == (0, 0) and self[len(self) - 1][1] < log_size_bytes
