@@ -21,6 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.tree import Tree
 
 from loghub.client import LogHubClient, ShardInfo
+from loghub.consumer.cli import consume
 from loghub.errors import LogHubError, ShardReadOnly
 from loghub.metadata.hashing import md5_hash_key, parse_hash_key
 from loghub.server.config import ServerConfig
@@ -40,6 +41,7 @@ shard_app = typer.Typer(no_args_is_help=True, help="List, split and merge shards
 app.add_typer(project_app, name="project")
 app.add_typer(logstore_app, name="logstore")
 app.add_typer(shard_app, name="shard")
+app.command()(consume)
 
 err = Console(stderr=True)
 
