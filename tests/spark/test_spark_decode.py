@@ -1,0 +1,189 @@
+"""Pulled bytes to Arrow rows: the vectorized path gives what the protobuf path gives, for any
+log group, and typed content columns parse the same way in every batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loghub.spark import _decode
+from loghub.spark.schema import parse_content_columns
+
+# -- a hand-written protobuf encoder, so tests can write what the writers never do ---------
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _log(time_s: int, time_ns: int | None, pairs: list[tuple[bytes, bytes]], swap: bool) -> bytes:
+    out = _varint(1 << 3) + _varint(time_s)
+    for key, value in pairs:
+        fields = [_field(1, key), _field(2, value)]
+        out += _field(2, b"".join(reversed(fields) if swap else fields))
+    if time_ns is not None:
+        out += bytes([4 << 3 | 5]) + time_ns.to_bytes(4, "little")
+    return out
+
+
+def _group(logs: list[bytes], topic: bytes, tags: list[tuple[bytes, bytes]]) -> bytes:
+    out = b"".join(_field(1, log) for log in logs) + _field(3, topic)
+    out += b"".join(_field(6, _field(1, k) + _field(2, v)) for k, v in tags)
+    return _field(1, out)  # one entry of a LogGroupList
+
+
+text = st.text(max_size=8).map(lambda s: s.encode())
+keys = st.sampled_from([b"a", b"b", b"status", b"n", b"\xc3\xa9", b""]) | text
+values = (
+    text
+    | st.binary(max_size=6)  # sometimes not UTF-8
+    | st.integers(0, 400).map(lambda n: b"v" * n)  # one- and two-byte lengths
+    | st.sampled_from([b"42", b" -7 ", b"+3", b"1.5e2", b"true", b"FALSE", b"99999999999"])
+)
+logs = st.builds(
+    _log,
+    st.integers(0, 2**32 - 1),
+    st.none() | st.integers(0, 999_999_999),
+    st.lists(st.tuples(keys, values), max_size=6),
+    st.booleans().map(lambda b: b and False)
+    | st.just(True).filter(lambda _: False)
+    | st.booleans(),
+)
+groups = st.builds(
+    _group, st.lists(logs, max_size=5), text, st.lists(st.tuples(keys, text), max_size=2)
+)
+
+
+def _unique(pairs: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode(), v.encode()) for k, v in dict(pairs).items()]
+
+
+well_formed_logs = st.builds(
+    _log,
+    st.integers(0, 2**32 - 1),
+    st.none() | st.integers(0, 999_999_999),
+    st.lists(st.tuples(st.text(max_size=8), st.text(max_size=300)), max_size=8).map(_unique),
+    st.just(False),
+)
+well_formed_groups = st.builds(
+    _group,
+    st.lists(well_formed_logs, max_size=5),
+    text,
+    st.lists(st.tuples(keys, text), max_size=2),
+)
+COLUMNS = parse_content_columns("status int, n bigint, a double, b boolean, `é` string, f float")
+
+
+def _batch(logs_: _decode.DecodedLogs) -> Any:
+    times = [None] * len(logs_.logs_per_group)
+    return _decode.to_record_batch(logs_, 3, 100 + logs_.first_group, times, COLUMNS)
+
+
+def _rows(data: bytes, logs_per_chunk: int = _decode.LOGS_PER_CHUNK) -> Any:
+    """What the reader makes of ``data``: the batches of every chunk, as one table."""
+    batches = [_batch(chunk) for chunk in _decode.decode(data, logs_per_chunk)]
+    return pa.Table.from_batches(batches, schema=_batch(_decode._decode_reference(b"")).schema)
+
+
+def _reference(data: bytes) -> Any:
+    return pa.Table.from_batches([_batch(_decode._decode_reference(data))])
+
+
+def _fast(data: bytes) -> Any:
+    """The fast path alone over all of ``data``; raises if it would fall back."""
+    groups = _decode._RawLogGroupList.FromString(data).LogGroups
+    return pa.Table.from_batches([_batch(_decode._decode_fast(groups))])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(groups, min_size=1, max_size=4))
+def test_decode_gives_what_the_reference_path_gives(group_list: list[bytes]) -> None:
+    data = b"".join(group_list)
+    assert _rows(data).equals(_reference(data))
+    assert _rows(data, logs_per_chunk=2).equals(_reference(data))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(well_formed_groups, min_size=1, max_size=4))
+def test_well_formed_groups_take_the_fast_path_to_the_same_rows(group_list: list[bytes]) -> None:
+    data = b"".join(group_list)
+    assert _fast(data).equals(_reference(data))
+
+
+def test_ordinary_groups_take_the_fast_path() -> None:
+    data = _group(
+        [_log(1_700_000_000, 5_000, [(b"status", b"200"), (b"path", b"/" * 300)], False)] * 3,
+        b"topic",
+        [(b"env", b"prod")],
+    )
+    assert _fast(data).equals(_reference(data))
+
+
+def test_a_repeated_key_keeps_its_last_value() -> None:
+    data = _group([_log(1, None, [(b"k", b"1"), (b"k", b"2")], False)], b"", [])
+    assert _rows(data).column("contents").to_pylist() == [[("k", "2")]]
+
+
+def test_typed_columns_parse_each_value_alone() -> None:
+    values = ["200", " 42 ", "+7", "-0", "1.5", "abc", "", "99999999999", None]
+    contents = [
+        [(b"status", v.encode()), (b"n", v.encode()), (b"a", v.encode())] if v is not None else []
+        for v in values
+    ]
+    data = _group([_log(1, None, pairs, False) for pairs in contents], b"", [])
+    batch = _rows(data)
+    assert batch.column("status").to_pylist() == [200, 42, 7, 0, None, None, None, None, None]
+    assert batch.column("n").to_pylist() == [200, 42, 7, 0, None, None, None, 99999999999, None]
+    assert batch.column("a").to_pylist() == [
+        200.0,
+        42.0,
+        7.0,
+        0.0,
+        1.5,
+        None,
+        None,
+        99999999999.0,
+        None,
+    ]
+
+
+def test_booleans_accept_true_false_one_zero_in_any_case() -> None:
+    values = [b"true", b"FALSE", b"1", b"0", b"yes"]
+    data = _group([_log(1, None, [(b"b", v)], False) for v in values], b"", [])
+    assert _rows(data).column("b").to_pylist() == [True, False, True, False, None]
+
+
+def test_an_empty_pull_gives_no_rows() -> None:
+    assert _rows(b"").num_rows == 0
+
+
+def test_many_distinct_keys_and_many_pairs_a_log_still_decode_right() -> None:
+    wide = [(f"k{i}".encode(), b"v") for i in range(100)]  # more keys than the 64-bit check
+    logs_ = [_log(1, None, wide, False), _log(2, None, wide[:3] + wide[:1], False)]
+    long_log = [_log(3, None, [(f"x{i}".encode(), b"1") for i in range(600)], False)]
+    for data in (_group(logs_[:1], b"", []), _group(logs_, b"", []), _group(long_log, b"", [])):
+        assert _rows(data).equals(_reference(data))
+    _fast(_group(logs_[:1], b"", []))  # distinct keys: no fallback
+
+
+def test_a_repeated_key_is_found_when_every_log_has_the_same_number_of_keys_overall() -> None:
+    pairs = [
+        [(b"a", b"1"), (b"b", b"2")],
+        [],
+        [(b"a", b"3"), (b"b", b"4"), (b"a", b"5"), (b"b", b"6")],
+    ]
+    data = _group([_log(1, None, p, False) for p in pairs], b"", [])
+    assert _rows(data).equals(_reference(data))
+    assert _rows(data).column("contents").to_pylist()[2] == [("a", "5"), ("b", "6")]
