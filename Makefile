@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 system-deps:
 	bash scripts/ensure-system-deps.sh
 
-run: $(STAMP)
+run: $(STAMP) system-deps
 	$(VENV)/bin/loghub demo --data-dir run-data
 
 test: $(STAMP) system-deps
@@ -31,6 +31,9 @@ test-slow: $(STAMP) system-deps
 bench: $(STAMP)
 	$(PY) benchmarks/ingest.py
 	$(PY) benchmarks/pull.py
+	$(PY) benchmarks/groups.py
+	$(PY) benchmarks/rebalance.py
+	$(PY) benchmarks/spark_source.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -24,6 +24,7 @@ from loghub.client import LogHubClient, ShardInfo
 from loghub.consumer.cli import consume
 from loghub.errors import LogHubError, ShardReadOnly
 from loghub.metadata.hashing import md5_hash_key, parse_hash_key
+from loghub.pipelines.cli import pipeline_app
 from loghub.server.config import ServerConfig
 from loghub.wire.logs import make_log_group
 
@@ -41,6 +42,7 @@ shard_app = typer.Typer(no_args_is_help=True, help="List, split and merge shards
 app.add_typer(project_app, name="project")
 app.add_typer(logstore_app, name="logstore")
 app.add_typer(shard_app, name="shard")
+app.add_typer(pipeline_app, name="pipeline")
 app.command()(consume)
 
 err = Console(stderr=True)
@@ -432,11 +434,13 @@ def demo(
         "run-data"
     ),
     logs: Annotated[int, typer.Option(help="sample access logs to produce")] = 20_000,
+    pipeline: Annotated[bool, typer.Option(help="end with the Spark pipeline")] = True,
 ) -> None:
-    """Start an embedded server, produce sample web access logs, read them back, summarise."""
+    """Start an embedded server, produce sample web access logs, read them back, summarise,
+    and run the access-log pipeline on Spark over them."""
     from loghub.demo import run_demo
 
-    run_demo(data_dir, logs)
+    run_demo(data_dir, logs, with_pipeline=pipeline)
 
 
 def main() -> None:

@@ -2,8 +2,8 @@
 
 Starts an embedded server on a local data directory, creates a project and a logstore,
 produces sample web access logs (seeded, so every run makes the same logs), reads every
-shard back from the beginning, checks that what came back is what went in, and prints a
-short summary.
+shard back, checks that what came back is what went in, prints a short summary, and ends
+with the reference access-log pipeline on Spark (local mode) over what is in the logstore.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ def access_logs(
         )
 
 
-def run_demo(data_dir: Path, log_count: int, console: Console | None = None) -> dict[str, int]:
+def run_demo(
+    data_dir: Path, log_count: int, console: Console | None = None, with_pipeline: bool = True
+) -> dict[str, int]:
     console = console or Console()
     config = ServerConfig(data_dir=data_dir, port=0)
     sent = list(access_logs(log_count))
@@ -91,11 +93,19 @@ def run_demo(data_dir: Path, log_count: int, console: Console | None = None) -> 
                 for group in result.log_groups:
                     received.extend({c.Key: c.Value for c in log.Contents} for log in group.Logs)
         read_s = time.perf_counter() - started
-    expected = Counter(tuple(sorted(fields.items())) for _, fields in sent)
-    got = Counter(tuple(sorted(fields.items())) for fields in received)
-    if expected != got:
-        raise SystemExit(f"demo: read back {len(received)} logs, not the {len(sent)} sent")
-    _print_summary(console, received, len(shards), produce_s, read_s)
+        expected = Counter(tuple(sorted(fields.items())) for _, fields in sent)
+        got = Counter(tuple(sorted(fields.items())) for fields in received)
+        if expected != got:
+            raise SystemExit(f"demo: read back {len(received)} logs, not the {len(sent)} sent")
+        _print_summary(console, received, len(shards), produce_s, read_s)
+        if with_pipeline:
+            # Spark starts in a second JVM: the slow part of the demo (about a minute)
+            from loghub.pipelines.access_log import run_demo_pipeline
+
+            console.print("[bold]access-log pipeline[/bold] on Spark (local mode) ...")
+            run_demo_pipeline(
+                server.endpoint, PROJECT, LOGSTORE, data_dir / "pipeline", console=console
+            )
     return {"sent": len(sent), "received": len(received)}
 
 
