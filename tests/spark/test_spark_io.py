@@ -128,7 +128,7 @@ def test_streaming_copy_routed_by_hash_key_puts_each_key_in_one_shard(
 @pytest.mark.parametrize(
     ("configure", "message"),
     [
-        (lambda r: r.option("consumerGroup", "g"), "consumerGroup is not supported yet"),
+        (lambda r: r.option("consumerGroup", "g"), "consumerGroup applies to streaming reads"),
         (lambda r: r.schema("n int"), "fixed schema"),
         (lambda r: r.option("startingOffsets", "tomorrow"), "startingOffsets must be"),
     ],

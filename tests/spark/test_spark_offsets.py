@@ -89,8 +89,7 @@ def test_times_are_unix_seconds_or_iso_8601_in_utc_by_default() -> None:
 @pytest.mark.parametrize(
     ("options", "streaming", "message"),
     [
-        ({"consumergroup": "g"}, True, "consumerGroup is not supported yet"),
-        ({"consumergroup": "g"}, False, "consumerGroup is not supported yet"),
+        ({"consumergroup": "g"}, False, "consumerGroup applies to streaming reads only"),
         ({"endingoffsets": "latest"}, True, "endingOffsets applies to batch reads only"),
         ({"maxoffsetspertrigger": "5"}, False, "applies to streaming reads only"),
         ({"maxoffsetspertrigger": "0"}, True, "at least 1"),

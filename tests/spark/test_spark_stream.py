@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from spark_helpers import PROJECT, LogStore, numbered
 
-from loghub.wire.cursor import decode_cursor
+from loghub.wire.cursor import decode_cursor, encode_cursor
 
 
 def _stream(spark: SparkSession, logstore: LogStore, **options: Any) -> DataFrame:
@@ -86,6 +86,30 @@ def test_available_now_reads_at_most_max_offsets_per_trigger_groups_a_batch(
     finally:
         query.stop()
     assert rows_per_batch == [12, 12, 6]  # 4 + 4 + 2 groups of 3 logs
+
+
+def test_consumer_group_option_writes_progress_as_group_checkpoints(
+    spark: SparkSession, logstore: LogStore, tmp_path: Path
+) -> None:
+    for i in range(10):
+        logstore.put(numbered(i * 3, 3), shard_id=0)
+    query = (
+        _stream(spark, logstore, maxOffsetsPerTrigger=4, consumerGroup="spark-lag")
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert query.awaitTermination(120)
+    finally:
+        query.stop()
+    project, name = logstore.options()["project"], logstore.name
+    groups = logstore.client.list_consumer_groups(project, name)
+    assert [g["name"] for g in groups] == ["spark-lag"]
+    checkpoints = logstore.client.get_checkpoints(project, name, "spark-lag")
+    # batches of 4, 4 and 2 groups: Spark commits all but the last one before it stops
+    assert checkpoints[0] == encode_cursor(8)
 
 
 def test_split_and_merge_while_streaming_lose_nothing_and_ordered_keeps_key_order(

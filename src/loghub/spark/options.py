@@ -75,6 +75,8 @@ class ReadOptions:
     ordered: bool
     content_columns: tuple[ContentColumn, ...]
     receive_time: Literal["tag", "server"]
+    # streams only: also write progress as this consumer group's checkpoints
+    consumer_group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,17 +97,16 @@ def _connection(options: Mapping[str, str]) -> Connection:
     return Connection(options["endpoint"], options["project"], options["logstore"], key_id, secret)
 
 
-def _reject_consumer_group(options: Mapping[str, str]) -> None:
-    if options.get("consumergroup"):
-        raise ParameterInvalid(
-            "option consumerGroup is not supported yet: this version keeps the read position "
-            "only in Spark's checkpoint and does not write consumer-group checkpoints"
-        )
+def _consumer_group(options: Mapping[str, str], *, streaming: bool) -> str | None:
+    group = options.get("consumergroup") or None
+    if group is not None and not streaming:
+        raise ParameterInvalid("consumerGroup applies to streaming reads only")
+    return group
 
 
 def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
     """``options`` (lower-case keys, as Spark passes them) for a batch or streaming read."""
-    _reject_consumer_group(options)
+    consumer_group = _consumer_group(options, streaming=streaming)
     starting_default = "latest" if streaming else "earliest"
     starting = parse_position(
         options.get("startingoffsets", starting_default), "startingOffsets", default="earliest"
@@ -131,11 +132,13 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         ordered=_boolean(options.get("ordered", "false"), "ordered"),
         content_columns=parse_content_columns(options.get("contentcolumns", "")),
         receive_time="server" if receive_time == "server" else "tag",
+        consumer_group=consumer_group,
     )
 
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
-    _reject_consumer_group(options)
+    if options.get("consumergroup"):
+        raise ParameterInvalid("consumerGroup applies to streaming reads only")
     logs_max = _positive_int(options.get("logspergroup", "4096"), "logsPerGroup")
     if logs_max > _LOGS_PER_GROUP_MAX:
         raise ParameterInvalid(f"logsPerGroup must be at most {_LOGS_PER_GROUP_MAX}")

@@ -17,6 +17,7 @@ range, so a batch replayed from the checkpoint after a crash reads exactly the s
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +39,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from loghub.client import LogHubClient
-from loghub.errors import ParameterInvalid
+from loghub.errors import ConsumerGroupAlreadyExist, ParameterInvalid
 from loghub.spark import _decode
 from loghub.spark._client import RawPullClient, list_extents
 from loghub.spark._prefetch import prefetched
@@ -52,6 +53,12 @@ from loghub.spark.options import (
 from loghub.spark.schema import parse_content_columns, spark_ddl, spark_schema
 from loghub.spark.sink import LogHubBatchWriter, LogHubStreamWriter
 from loghub.wire.cursor import encode_cursor
+
+# A streaming query writing consumer-group checkpoints: the consumer name its checkpoints show,
+# and the timeout of a group it has to create (nothing heartbeats in it; the timeout only
+# matters if consumers of the same group ever heartbeat).
+_SPARK_CONSUMER = "spark"
+_GROUP_TIMEOUT_S = 60
 
 __all__ = ["LogHubDataSource", "ShardRange"]
 
@@ -223,6 +230,7 @@ class LogHubStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailab
         super().__init__(options)
         self._cap: dict[str, int] | None = None  # set for Trigger.AvailableNow
         self._latest: dict[str, int] | None = None
+        self._group_ready = False
 
     def initialOffset(self) -> dict[str, int]:
         return resolve_position(self._options.starting, self._extents(self._options.starting))
@@ -253,8 +261,27 @@ class LogHubStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailab
         ]
 
     def commit(self, end: dict[str, int]) -> None:
-        """Nothing to do: the position lives in Spark's checkpoint. (Consumer-group
-        checkpoints, for lag in LogHub's tools, will be written here.)"""
+        """The position lives in Spark's checkpoint; with ``consumerGroup`` it is also written
+        as that group's checkpoints (forced: Spark, not the group, decides who reads), so lag
+        shows in LogHub's tools. Spark calls this one batch late and not for the last batch
+        before a stop, so the group's checkpoints trail Spark's by up to one batch."""
+        group = self._options.consumer_group
+        if group is None:
+            return
+        connection = self._options.connection
+        client = self._planning_client()
+        if not self._group_ready:
+            with contextlib.suppress(ConsumerGroupAlreadyExist):
+                client.create_consumer_group(
+                    connection.project, connection.logstore, group,
+                    _GROUP_TIMEOUT_S, self._options.ordered,
+                )  # fmt: skip
+            self._group_ready = True
+        for shard, sequence in sorted(end.items(), key=lambda item: int(item[0])):
+            client.update_checkpoint(
+                connection.project, connection.logstore, group, int(shard),
+                encode_cursor(sequence), consumer=_SPARK_CONSUMER,
+            )  # fmt: skip
 
     def stop(self) -> None:
         self._close_client()
