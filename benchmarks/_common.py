@@ -93,18 +93,42 @@ def make_data_dir(parent: str | None, prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
 
 
-def cpu_times_of(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of a process (all its threads), from /proc/<pid>/stat."""
+def _stat_fields(pid: int) -> list[str]:
     with open(f"/proc/{pid}/stat") as stat:
         text = stat.read()
-    fields = text[text.rindex(")") + 2 :].split()
-    # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+    # fields[0] is field 3 (state); ppid is field 4, utime and stime are fields 14 and 15.
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _children_of(pid: int) -> list[int]:
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if int(_stat_fields(int(entry))[1]) == pid:
+                    children.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+    return children
+
+
+def cpu_times_of(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process (all its threads) and of its live child
+    processes (the server checks PutLogs bodies in worker processes), from /proc."""
     ticks = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / ticks, int(fields[12]) / ticks
+    user = system = 0.0
+    for process in (pid, *_children_of(pid)):
+        try:
+            fields = _stat_fields(process)
+        except OSError:
+            continue
+        user += int(fields[11]) / ticks
+        system += int(fields[12]) / ticks
+    return user, system
 
 
 def cpu_seconds_of(pid: int) -> float:
-    """utime + stime of a process (all its threads)."""
+    """utime + stime of a process and its live children."""
     return sum(cpu_times_of(pid))
 
 
