@@ -28,7 +28,7 @@ from loghub.wire.logs import parse_log_group_list
 from loghub.wire.proto import LogGroup, LogGroupList
 from loghub.wire.signing import Credentials, sign_v1, sign_v4
 
-__all__ = ["LogHubClient", "PullResult", "ShardInfo"]
+__all__ = ["LogHubClient", "PullResult", "RawPullResult", "ShardInfo"]
 
 API_VERSION = "0.6.0"
 _PULL_RAW_BYTES_MAX = 256 * 1024 * 1024
@@ -68,6 +68,14 @@ class ShardInfo:
             close_time=None if close_time is None else int(close_time),
             end_cursor=None if end_cursor is None else str(end_cursor),
         )
+
+
+@dataclass(frozen=True)
+class RawPullResult:
+    data: bytes  # the serialized LogGroupList, decompressed
+    next_cursor: str
+    count: int
+    raw_size: int
 
 
 @dataclass(frozen=True)
@@ -371,7 +379,7 @@ class LogHubClient:
         )
         return int(reply["cursor_time"])
 
-    def pull_logs(
+    def pull_logs_raw(
         self,
         project: str,
         logstore: str,
@@ -380,7 +388,9 @@ class LogHubClient:
         count: int = 1000,
         end_cursor: str | None = None,
         compress_type: str = "lz4",
-    ) -> PullResult:
+    ) -> RawPullResult:
+        """One pull, its groups left as the serialized (decompressed) ``LogGroupList``, for
+        callers that decode it their own way (the Spark source)."""
         query = [("type", "log"), ("cursor", cursor), ("count", str(count))]
         if end_cursor is not None:
             query.append(("end_cursor", end_cursor))
@@ -400,11 +410,31 @@ class LogHubClient:
                 raw_size,
                 max(raw_size, _PULL_RAW_BYTES_MAX),
             )
-        return PullResult(
-            log_group_list=parse_log_group_list(raw),
+        return RawPullResult(
+            data=raw,
             next_cursor=response.headers.get("x-log-cursor") or cursor,
             count=int(response.headers.get("x-log-count", "0")),
             raw_size=raw_size,
+        )
+
+    def pull_logs(
+        self,
+        project: str,
+        logstore: str,
+        shard_id: int,
+        cursor: str,
+        count: int = 1000,
+        end_cursor: str | None = None,
+        compress_type: str = "lz4",
+    ) -> PullResult:
+        raw = self.pull_logs_raw(
+            project, logstore, shard_id, cursor, count, end_cursor, compress_type
+        )
+        return PullResult(
+            log_group_list=parse_log_group_list(raw.data),
+            next_cursor=raw.next_cursor,
+            count=raw.count,
+            raw_size=raw.raw_size,
         )
 
     def iter_pull(

@@ -1,9 +1,8 @@
 """What the data source asks of the service: shard extents, and pulls as raw bytes.
 
-``RawPullClient.pull_raw`` is ``LogHubClient.pull_logs`` without the protobuf parse: the
-source decodes the bytes itself (``_decode``) and parsing them twice cost about a third of
-its time. It uses the client's request plumbing (signing, error mapping) through
-``_request``; the client is one layer down in the same package.
+``RawPullClient.pull_raw`` is ``LogHubClient.pull_logs_raw`` in sequence numbers: no
+protobuf parse, since the source decodes the bytes itself (``_decode``) and parsing them
+twice cost about a third of its time.
 
 A client holds an HTTP connection pool, so it is opened where it is used (in ``read()``,
 ``latestOffset()``), never in a reader's ``__init__``: readers are pickled.
@@ -18,13 +17,11 @@ from loghub.client import LogHubClient
 from loghub.errors import InvalidCursor
 from loghub.spark.offsets import ShardExtent
 from loghub.spark.options import Connection
-from loghub.wire.compression import decompress
 from loghub.wire.cursor import decode_cursor, encode_cursor
 
 __all__ = ["RawPull", "RawPullClient", "list_extents"]
 
 PULL_GROUPS_MAX = 1000  # the service's limit for one pull
-_RAW_BYTES_MAX = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -41,32 +38,15 @@ class RawPullClient(LogHubClient):
         """Groups from ``start_seq`` up to (not including) ``end_seq``, as many as one pull
         returns."""
         assert 0 <= start_seq < end_seq, (start_seq, end_seq)
-        query = [
-            ("type", "log"),
-            ("cursor", encode_cursor(start_seq)),
-            ("count", str(min(PULL_GROUPS_MAX, end_seq - start_seq))),
-            ("end_cursor", encode_cursor(end_seq)),
-        ]
-        response = self._request(
-            "GET",
+        pull = self.pull_logs_raw(
             project,
-            f"/logstores/{logstore}/shards/{shard_id}",
-            query,
-            headers={"accept": "application/x-protobuf", "accept-encoding": "lz4"},
+            logstore,
+            shard_id,
+            encode_cursor(start_seq),
+            min(PULL_GROUPS_MAX, end_seq - start_seq),
+            encode_cursor(end_seq),
         )
-        raw_size = int(response.headers.get("x-log-bodyrawsize", "0"))
-        data = b""
-        if raw_size:
-            data = decompress(
-                response.headers.get("x-log-compresstype"),
-                response.content,
-                raw_size,
-                max(raw_size, _RAW_BYTES_MAX),
-            )
-        count = int(response.headers.get("x-log-count", "0"))
-        next_cursor = response.headers.get("x-log-cursor")
-        next_seq = start_seq if next_cursor is None else decode_cursor(next_cursor)
-        return RawPull(data, count, next_seq)
+        return RawPull(pull.data, pull.count, decode_cursor(pull.next_cursor))
 
     def iter_range(
         self, project: str, logstore: str, shard_id: int, start_seq: int, end_seq: int
