@@ -25,8 +25,11 @@ run: $(STAMP) system-deps
 test: $(STAMP) system-deps
 	$(PY) -m pytest -q -m 'not slow'
 
+# The long suites, then every property test again with random seeds and more examples
+# (5,000 for the Spark decoder's): a failure there prints how to reproduce it.
 test-slow: $(STAMP) system-deps
 	$(PY) -m pytest -q -m slow
+	LOGHUB_HYPOTHESIS_PROFILE=wide $(PY) -m pytest -q -m hypothesis --timeout 3600
 
 bench: $(STAMP)
 	$(PY) benchmarks/ingest.py

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 from postgres import PostgresNotInstalled, find_postgres_bin, running_postgres
+
+# One verdict per commit: `make test` (and a plain `pytest`) draws the same examples every run
+# and ignores examples saved by earlier runs. `make test-slow` loads ``wide``: random seeds and
+# 5,000 examples for the tests that ask `hypothesis_budget.examples()` for their count.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("wide", max_examples=5000, print_blob=True)
+settings.load_profile(os.environ.get("LOGHUB_HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")

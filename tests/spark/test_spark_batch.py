@@ -92,3 +92,28 @@ def test_batch_read_positions_by_receive_time(spark: SparkSession, logstore: Log
     assert count(endingOffsets=str(now_s - 600)) == 0
     later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_s + 600))
     assert count(endingOffsets=later) == 1
+
+
+def test_a_logstore_of_wide_heterogeneous_logs_reads_every_row(
+    spark: SparkSession, logstore: LogStore
+) -> None:
+    """Groups whose logs have keys no other log has, around the 64 distinct keys at which the
+    fast decoder once crashed (shard 1 holds exactly the reported group, so its pull is one
+    chunk of 64 distinct keys): every row comes back with its fields."""
+    expected: dict[tuple[int, str, int], dict[str, str]] = {}
+    shapes = {  # shard: logs x keys a log
+        0: [(7, 9), (5, 13), (64, 1), (3, 150)],
+        1: [(8, 8)],
+    }
+    for shard_id, groups in shapes.items():
+        for seq, (logs_count, keys_per_log) in enumerate(groups):
+            logs = [
+                (1_700_000_000, 0, {f"k{i}_{j}": f"{seq}.{i}.{j}" for j in range(keys_per_log)})
+                for i in range(logs_count)
+            ]
+            logstore.client.put_log_group(PROJECT, "app", _group(logs), shard_id=shard_id)
+            for index, (_time_s, _ns, contents) in enumerate(logs):
+                expected[(shard_id, encode_cursor(seq), index)] = contents
+    rows = spark.read.format("loghub").options(**logstore.options()).load().collect()
+    assert {(r.shard, r.cursor, r.log_index): r.contents for r in rows} == expected
+    assert len(rows) == 8 + 7 + 5 + 64 + 3

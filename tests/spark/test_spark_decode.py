@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-from hypothesis import given, settings
+import pytest
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples
 
 from loghub.spark import _decode
 from loghub.spark.schema import parse_content_columns
@@ -45,7 +47,12 @@ def _group(logs: list[bytes], topic: bytes, tags: list[tuple[bytes, bytes]]) -> 
 
 
 text = st.text(max_size=8).map(lambda s: s.encode())
-keys = st.sampled_from([b"a", b"b", b"status", b"n", b"\xc3\xa9", b""]) | text
+# Keys as real logs have them at the edges: a few common ones, the empty key, keys that are not
+# UTF-8, and a pool of hundreds (wide, heterogeneous JSON logs: many distinct keys a group).
+wide_key = st.integers(0, 400).map(lambda n: f"field_{n}".encode())
+keys = (
+    st.sampled_from([b"a", b"b", b"status", b"n", b"\xc3\xa9", b"", b"\xff\xfe"]) | text | wide_key
+)
 values = (
     text
     | st.binary(max_size=6)  # sometimes not UTF-8
@@ -56,13 +63,12 @@ logs = st.builds(
     _log,
     st.integers(0, 2**32 - 1),
     st.none() | st.integers(0, 999_999_999),
-    st.lists(st.tuples(keys, values), max_size=6),
-    st.booleans().map(lambda b: b and False)
-    | st.just(True).filter(lambda _: False)
-    | st.booleans(),
+    st.lists(st.tuples(keys, values), max_size=6)  # a key may come twice in one log
+    | st.lists(st.tuples(wide_key, values), min_size=20, max_size=90),
+    st.booleans(),
 )
 groups = st.builds(
-    _group, st.lists(logs, max_size=5), text, st.lists(st.tuples(keys, text), max_size=2)
+    _group, st.lists(logs, max_size=6), text, st.lists(st.tuples(keys, text), max_size=2)
 )
 
 
@@ -70,18 +76,61 @@ def _unique(pairs: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(k.encode(), v.encode()) for k, v in dict(pairs).items()]
 
 
+def _disjoint(first_key: int, count: int) -> list[tuple[str, str]]:
+    return [(f"k{first_key + i}", str(i)) for i in range(count)]
+
+
+well_formed_pairs = (
+    st.lists(st.tuples(st.text(max_size=8), st.text(max_size=300)), max_size=8)
+    # a log with keys no other log has, up to a few hundred distinct keys a group
+    | st.builds(_disjoint, st.integers(0, 10_000), st.integers(0, 120))
+)
 well_formed_logs = st.builds(
     _log,
     st.integers(0, 2**32 - 1),
     st.none() | st.integers(0, 999_999_999),
-    st.lists(st.tuples(st.text(max_size=8), st.text(max_size=300)), max_size=8).map(_unique),
+    well_formed_pairs.map(_unique),
     st.just(False),
 )
 well_formed_groups = st.builds(
     _group,
-    st.lists(well_formed_logs, max_size=5),
+    st.lists(well_formed_logs, max_size=6),
     text,
     st.lists(st.tuples(keys, text), max_size=2),
+)
+
+
+def _distinct_keys(logs_: int, keys_per_log: int) -> bytes:
+    """One group whose logs have keys no other log has: ``logs_ * keys_per_log`` distinct."""
+    return _group(
+        [
+            _log(
+                1_700_000_000,
+                None,
+                [(f"k{i}_{j}".encode(), b"v") for j in range(keys_per_log)],
+                False,
+            )
+            for i in range(logs_)
+        ],
+        b"",
+        [],
+    )
+
+
+# The boundary of the old 64-bit duplicate-key check, hit on every run, not by luck.
+BOUNDARY = [
+    _distinct_keys(7, 9),  # 63
+    _distinct_keys(8, 8),  # 64: the reported crash
+    _distinct_keys(64, 1),  # 64, one key a log
+    _distinct_keys(5, 13),  # 65
+    _distinct_keys(1, 64),  # 64 in one log
+    _distinct_keys(2, 0),  # none
+    _distinct_keys(1, 1),  # one
+]
+REPEATED_AT_BOUNDARY = _group(
+    [_log(1, None, [(f"k{j}".encode(), b"v") for j in range(64)] + [(b"k63", b"last")], False)],
+    b"",
+    [],
 )
 COLUMNS = parse_content_columns("status int, n bigint, a double, b boolean, `é` string, f float")
 
@@ -107,16 +156,23 @@ def _fast(data: bytes) -> Any:
     return pa.Table.from_batches([_batch(_decode._decode_fast(groups))])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(groups, min_size=1, max_size=4))
+@example([REPEATED_AT_BOUNDARY])
+@example(BOUNDARY)
 def test_decode_gives_what_the_reference_path_gives(group_list: list[bytes]) -> None:
     data = b"".join(group_list)
     assert _rows(data).equals(_reference(data))
     assert _rows(data, logs_per_chunk=2).equals(_reference(data))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(well_formed_groups, min_size=1, max_size=4))
+@example([BOUNDARY[0]])
+@example([BOUNDARY[1]])
+@example([BOUNDARY[2]])
+@example([BOUNDARY[3]])
+@example(BOUNDARY)
 def test_well_formed_groups_take_the_fast_path_to_the_same_rows(group_list: list[bytes]) -> None:
     data = b"".join(group_list)
     assert _fast(data).equals(_reference(data))
@@ -187,3 +243,58 @@ def test_a_repeated_key_is_found_when_every_log_has_the_same_number_of_keys_over
     data = _group([_log(1, None, p, False) for p in pairs], b"", [])
     assert _rows(data).equals(_reference(data))
     assert _rows(data).column("contents").to_pylist()[2] == [("a", "5"), ("b", "6")]
+
+
+@pytest.mark.parametrize("distinct", [0, 1, 63, 64, 65, 3000])
+def test_the_duplicate_key_check_is_right_at_any_number_of_distinct_keys(distinct: int) -> None:
+    per_log = 8
+    logs_ = -(-distinct // per_log)
+    pairs = [
+        [(f"k{i}".encode(), b"v") for i in range(n, min(n + per_log, distinct))]
+        for n in range(0, distinct, per_log)
+    ]
+    unique = _group([_log(1, None, p, False) for p in pairs], b"", [])
+    assert _fast(unique).equals(_reference(unique))
+    assert _rows(unique).num_rows == logs_
+    if distinct:
+        repeated = _group([_log(1, None, p + p[:1], False) for p in pairs], b"", [])
+        groups_ = _decode._RawLogGroupList.FromString(repeated).LogGroups
+        with pytest.raises(_decode._NotFast):
+            _decode._decode_fast(groups_)
+        assert _rows(repeated).equals(_reference(repeated))
+
+
+def test_the_reported_chunk_of_64_distinct_keys_decodes_on_the_fast_path() -> None:
+    data = _distinct_keys(8, 8)
+    before = _decode.statistics()
+    rows = _rows(data)
+    after = _decode.statistics()
+    assert rows.num_rows == 8
+    assert sum(len(c) for c in rows.column("contents").to_pylist()) == 64
+    assert rows.equals(_reference(data))
+    assert after.fast == before.fast + 1
+    assert after.unexpected == before.unexpected
+
+
+def test_an_unexpected_failure_of_the_fast_path_falls_back_and_is_counted(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(groups_: Any, first_group: int = 0) -> Any:
+        raise pa.ArrowInvalid("a bug in the fast path")
+
+    data = _distinct_keys(3, 4)
+    expected = _reference(data)
+    monkeypatch.setattr(_decode, "_decode_fast", broken)
+    before = _decode.statistics()
+    with caplog.at_level("WARNING", logger="loghub.spark"):
+        rows = _rows(data)
+    assert rows.equals(expected)
+    assert _decode.statistics().unexpected == before.unexpected + 1
+    assert "fast decoder failed" in caplog.text
+
+
+def test_invalid_bytes_are_still_refused() -> None:
+    from loghub.errors import PostBodyInvalid
+
+    with pytest.raises(PostBodyInvalid):
+        list(_decode.decode(b"\x0a\xff\xff\xff"))

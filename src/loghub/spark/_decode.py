@@ -24,12 +24,14 @@ key twice in one log. A chunk that breaks any of that takes the plain protobuf p
 (``_decode_reference``), which handles everything (invalid UTF-8 becomes U+FFFD, a repeated
 key keeps its last value) and defines the result both paths must give.
 
-Pure functions; thread-safe (the one module-level state, the ``_arange`` cache, is only ever
-replaced by a longer array of the same values).
+Pure functions; thread-safe (the module-level state is the ``_arange`` cache, only ever
+replaced by a longer array of the same values, and the path counters behind a lock).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +48,16 @@ from loghub.spark.schema import ContentColumn, arrow_schema
 from loghub.wire.cursor import encode_cursor
 from loghub.wire.logs import parse_log_group_list
 
-__all__ = ["LOGS_PER_CHUNK", "DecodedLogs", "decode", "to_record_batch"]
+__all__ = [
+    "LOGS_PER_CHUNK",
+    "DecodeStatistics",
+    "DecodedLogs",
+    "decode",
+    "statistics",
+    "to_record_batch",
+]
+
+log = logging.getLogger("loghub.spark")
 
 _TAG_TIME = 0x08  # field 1, varint
 _TAG_CONTENT = 0x12  # field 2, length-delimited (also Content.Value)
@@ -143,12 +154,54 @@ def decode(data: bytes, logs_per_chunk: int = LOGS_PER_CHUNK) -> Iterator[Decode
         logs += len(group.Logs)
         if logs >= logs_per_chunk or index == len(groups) - 1:
             chunk = groups[first : index + 1]
-            try:
-                yield _decode_fast(chunk, first)
-            except _NotFast:
-                raw = _RawLogGroupList(LogGroups=chunk).SerializeToString()
-                yield _decode_reference(raw, first)
+            yield _decode_chunk(chunk, first)
             first, logs = index + 1, 0
+
+
+def _decode_chunk(chunk: Sequence[Any], first_group: int) -> DecodedLogs:
+    """The fast path, or the reference path when the fast one declines (``_NotFast``) or
+    fails in a way it should not: the reference path defines the result, so a bug in the fast
+    path costs speed, never a failed read. Unexpected failures are logged and counted."""
+    try:
+        decoded = _decode_fast(chunk, first_group)
+    except _NotFast:
+        _count("not_fast")
+    except Exception:
+        _count("unexpected")
+        log.warning(
+            "the fast decoder failed on a chunk of %d groups; decoding it the slow way",
+            len(chunk),
+            exc_info=True,
+        )
+    else:
+        _count("fast")
+        return decoded
+    raw = _RawLogGroupList(LogGroups=chunk).SerializeToString()
+    return _decode_reference(raw, first_group)
+
+
+@dataclass(frozen=True)
+class DecodeStatistics:
+    """Chunks decoded in this process since it started, by the path they took:
+    ``unexpected`` counts fast-path failures other than a declined chunk (a bug to report)."""
+
+    fast: int
+    not_fast: int
+    unexpected: int
+
+
+_counts = {"fast": 0, "not_fast": 0, "unexpected": 0}
+_counts_lock = threading.Lock()
+
+
+def _count(path: str) -> None:
+    with _counts_lock:
+        _counts[path] += 1
+
+
+def statistics() -> DecodeStatistics:
+    with _counts_lock:
+        return DecodeStatistics(**_counts)
 
 
 # -- the reference path --------------------------------------------------------------------
@@ -390,28 +443,22 @@ def _pairs(buffer: Any, buffer_bytes: Any, starts: Any, ends: Any) -> tuple[Any,
 def _expect_unique_keys(keys: Any, content_offsets: Any) -> None:
     """Leaves the fast path when a log holds a key twice (the reference path keeps the last).
 
-    With the distinct keys numbered 0..63, a log's keys are distinct exactly when the sum of
-    2**number over them has as many bits set as the log has keys (equal powers carry and lose
-    bits). The sums come from one cumulative sum; uint64 wrap-around does not change them.
+    With the distinct keys of the chunk numbered 0..d-1, each pair becomes the number
+    ``log index * d + key number``; a log holds a key twice exactly when two pairs share a
+    number. One hash count over int64 values, the same for any number of distinct keys (an
+    earlier version summed ``2**key number`` in uint64 and broke at exactly 64 keys).
     """
     if len(keys) == 0 or _same_distinct_keys_in_every_log(keys, content_offsets):
         return
     encoded = pc.dictionary_encode(keys)
-    if len(encoded.dictionary) > 64:
-        combined = pc.add(
-            pc.multiply(pc.cast(_content_log_index(content_offsets), pa.int64()), 1 << 32),
-            pc.cast(encoded.indices, pa.int64()),
-        )
-        if pc.count_distinct(combined).as_py() != len(keys):
-            raise _NotFast
-        return
-    bits = pc.shift_left(pa.scalar(1, pa.uint64()), pc.cast(encoded.indices, pa.uint64()))
-    sums = pa.concat_arrays([pa.array([0], pa.uint64()), pc.cumulative_sum(bits)])
-    per_log = pc.subtract(
-        pc.take(sums, content_offsets.slice(1)), pc.take(sums, _head(content_offsets))
+    distinct = len(encoded.dictionary)
+    assert distinct <= len(keys) < 2**31, distinct  # so log index * distinct fits in int64
+    combined = pc.add(
+        pc.multiply(pc.cast(_content_log_index(content_offsets), pa.int64()), distinct),
+        pc.cast(encoded.indices, pa.int64()),
     )
-    counts = pc.subtract(content_offsets.slice(1), _head(content_offsets))
-    _expect(pc.equal(_popcount(per_log), pc.cast(counts, pa.uint64())))
+    if pc.count_distinct(combined).as_py() != len(keys):
+        raise _NotFast
 
 
 def _same_distinct_keys_in_every_log(keys: Any, content_offsets: Any) -> bool:
@@ -432,21 +479,6 @@ def _same_distinct_keys_in_every_log(keys: Any, content_offsets: Any) -> bool:
     index = _arange(width * logs)
     position = pc.subtract(index, pc.multiply(pc.divide(index, width), width))  # index % width
     return bool(pc.all(pc.equal(keys, pc.take(keys.slice(0, width), position))).as_py())
-
-
-def _popcount(values: Any) -> Any:
-    """Bits set in each uint64 (the classic SWAR sequence)."""
-
-    def scalar(value: int) -> Any:
-        return pa.scalar(value, pa.uint64())
-
-    x = pc.subtract(values, pc.bit_wise_and(pc.shift_right(values, 1), scalar(0x5555555555555555)))
-    x = pc.add(
-        pc.bit_wise_and(x, scalar(0x3333333333333333)),
-        pc.bit_wise_and(pc.shift_right(x, 2), scalar(0x3333333333333333)),
-    )
-    x = pc.bit_wise_and(pc.add(x, pc.shift_right(x, 4)), scalar(0x0F0F0F0F0F0F0F0F))
-    return pc.shift_right(pc.multiply(x, scalar(0x0101010101010101)), 56)
 
 
 def _head(offsets: Any) -> Any:
