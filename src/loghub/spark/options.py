@@ -114,7 +114,7 @@ def _connection(options: Mapping[str, str]) -> Connection:
     scheme = endpoint.partition("://")[0].lower() if "://" in endpoint else "http"
     if scheme not in ("http", "https"):
         raise ParameterInvalid(
-            f"endpoint must be host:port, http://… or https://…, not {endpoint!r}"
+            f"endpoint must be host:port or http(s)://host:port, not {endpoint!r}"
         )
     ca_cert = options.get("cacert") or None
     tls_verify = _boolean(options.get("tlsverify", "true"), "tlsVerify")
