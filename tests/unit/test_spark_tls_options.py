@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from loghub.errors import ParameterInvalid
+from loghub.errors import ParameterInvalid, TransportError
 from loghub.spark._client import RawPullClient
 from loghub.spark.options import parse_read_options, parse_write_options
 
@@ -44,10 +44,10 @@ def test_bad_tls_options_are_named(extra: dict[str, str], message: str) -> None:
         parse_write_options({**BASE, **extra})
 
 
-def test_the_clients_the_source_and_sink_open_carry_the_ca(tmp_path: object) -> None:
+def test_the_clients_the_source_and_sink_open_carry_the_ca() -> None:
     options = {**BASE, "endpoint": "https://127.0.0.1:1", "cacert": "/nonexistent/ca.pem"}
     connection = parse_read_options(options, streaming=False).connection
     # the bundle is loaded when the client is made: a missing one fails there, by name
     for make in (connection.client, lambda: connection.client_of(RawPullClient)):
-        with pytest.raises(Exception, match="cannot load the CA bundle /nonexistent/ca.pem"):
+        with pytest.raises(TransportError, match="cannot load the CA bundle /nonexistent/ca.pem"):
             make()
