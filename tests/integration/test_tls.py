@@ -1,9 +1,10 @@
 """`loghub serve --tls-cert --tls-key`: our client, the CLI and the official SDK over https.
 
 The test makes its own certificate authority and server certificate with the `openssl`
-command (SAN 127.0.0.1, localhost, and the SDK's `<project>.localhost`), starts a real server
-process with them, and checks that clients that trust the CA work, that clients that do not
-are refused, and that plain http to the TLS port gets no HTTP answer.
+command (tests/tls_certs.py; SAN 127.0.0.1, localhost, and the SDK's `<project>.localhost`),
+starts a real server process with them, and checks that clients that trust the CA work,
+that clients that do not are refused, and that plain http to the TLS port gets no HTTP
+answer.
 
 The SDK addresses `https://<project>.localhost:PORT`; a plain `files dns` resolver does not
 know that name, so the SDK tests resolve `*.localhost` to 127.0.0.1 (the reference's way D):
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 from aliyun.log import LogClient, LogException, LogItem, PutLogsRequest
 from server_process import ServerProcess
+from tls_certs import make_certificates
 
 from loghub.client import LogHubClient
 from loghub.errors import TransportError
@@ -36,47 +38,10 @@ SDK_PROJECT = "tlsproj"
 @pytest.fixture(scope="module")
 def ca(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A CA, a server certificate it signed, and a second CA that signed nothing here."""
-    folder = tmp_path_factory.mktemp("tls")
-    _openssl_ca(folder, "ca", "LogHub test CA")
-    _openssl_ca(folder, "other", "Some other CA")
-    extensions = folder / "server.ext"
-    extensions.write_text(
-        "basicConstraints=critical,CA:FALSE\n"
-        "keyUsage=critical,digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=serverAuth\n"
-        "subjectKeyIdentifier=hash\n"
-        "authorityKeyIdentifier=keyid,issuer\n"
-        f"subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:{SDK_PROJECT}.localhost\n"
+    made = make_certificates(
+        tmp_path_factory.mktemp("tls"), ("localhost", f"{SDK_PROJECT}.localhost")
     )
-    _openssl(
-        "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", folder / "server.key", "-out", folder / "server.csr", "-subj", "/CN=localhost",
-    )  # fmt: skip
-    _openssl(
-        "x509", "-req", "-in", folder / "server.csr", "-CA", folder / "ca.pem",
-        "-CAkey", folder / "ca.key", "-CAcreateserial", "-days", "2",
-        "-extfile", extensions, "-out", folder / "server.pem",
-    )  # fmt: skip
-    return {
-        "ca": folder / "ca.pem",
-        "other": folder / "other.pem",
-        "cert": folder / "server.pem",
-        "key": folder / "server.key",
-    }
-
-
-def _openssl_ca(folder: Path, name: str, common_name: str) -> None:
-    _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", folder / f"{name}.key", "-out", folder / f"{name}.pem", "-days", "2",
-        "-subj", f"/CN={common_name}",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-    )  # fmt: skip
-
-
-def _openssl(*args: str | Path) -> None:
-    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, timeout=60)
+    return {"ca": made.ca, "other": made.other_ca, "cert": made.cert, "key": made.key}
 
 
 @pytest.fixture(scope="module")
