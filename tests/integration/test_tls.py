@@ -29,6 +29,8 @@ from tls_certs import make_certificates
 
 from loghub.client import LogHubClient
 from loghub.errors import TransportError
+from loghub.server.config import ServerConfig
+from loghub.server.embedded import EmbeddedServer
 from loghub.wire.logs import make_log_group
 
 KEYS = {"ak": "sk"}
@@ -220,3 +222,14 @@ def test_serve_checks_its_tls_files_and_still_refuses_open_hosts_without_keys(
 def test_the_ca_bundle_must_be_readable() -> None:
     with pytest.raises(TransportError, match="cannot load the CA bundle"):
         LogHubClient("https://127.0.0.1:1", ca_cert="/nonexistent/ca.pem")
+
+
+def test_the_embedded_server_speaks_tls_too(tmp_path: Path, ca: dict[str, Path]) -> None:
+    config = ServerConfig(
+        data_dir=tmp_path / "data", port=0, tls_cert_file=ca["cert"], tls_key_file=ca["key"]
+    )
+    with EmbeddedServer(config) as server:
+        assert server.endpoint.startswith("https://127.0.0.1:")
+        with LogHubClient(server.endpoint, ca_cert=ca["ca"]) as client:
+            client.create_project("embedded")
+            assert [p["projectName"] for p in client.list_projects()] == ["embedded"]
