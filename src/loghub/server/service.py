@@ -405,10 +405,15 @@ _QUOTA_KEYS: dict[str, str] = {
 
 
 def _quota_rate(value: Any, key: str) -> int:
-    rate = _as_int(value, key)
-    if not 0 <= rate <= rate_per_s_max:
-        raise LogStoreInfoInvalid(f"{key} must be 0..{rate_per_s_max}, not {rate}")
-    return rate
+    """A JSON number or a string of ASCII digits (no sign, no other script's digits, no
+    thousands of digits for int() to choke on) in 0..rate_per_s_max."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 15:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LogStoreInfoInvalid(f"{key} must be an integer")
+    if not 0 <= value <= rate_per_s_max:
+        raise LogStoreInfoInvalid(f"{key} must be 0..{rate_per_s_max}, not {value}")
+    return value
 
 
 def logstore_changes_from_json(body: Mapping[str, Any]) -> dict[str, Any]:
