@@ -85,9 +85,20 @@ def test_our_client_writes_and_reads_over_https(server: ServerProcess, ca: dict[
             assert messages == [f"{host} {i}" for i in range(3)]
 
 
-def test_a_client_that_does_not_trust_the_ca_is_refused(
-    server: ServerProcess, ca: dict[str, Path]
+def test_loghub_ca_cert_in_the_environment_is_trusted_when_no_ca_is_given(
+    server: ServerProcess, ca: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("LOGHUB_CA_CERT", str(ca["ca"]))
+    with _client(server, None) as client:
+        assert isinstance(client.list_projects(), list)
+    with _client(server, ca["other"]) as client, pytest.raises(TransportError):
+        client.list_projects()  # an explicit bundle wins over the environment
+
+
+def test_a_client_that_does_not_trust_the_ca_is_refused(
+    server: ServerProcess, ca: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LOGHUB_CA_CERT", raising=False)
     for ca_cert in (None, ca["other"]):  # the system's authorities; a CA that did not sign it
         with _client(server, ca_cert) as client, pytest.raises(TransportError) as caught:
             client.list_projects()

@@ -8,8 +8,11 @@ when keys are given. Error replies raise the matching ``loghub.errors`` class, s
 
 An ``https://`` endpoint speaks TLS and checks the server's certificate against the
 system's trusted authorities, or only against ``ca_cert`` (a PEM bundle) when given, which
-is how a private or self-signed certificate authority is trusted. ``verify=False`` turns
-checking off (for a quick test only: it lets anyone in the middle read and change traffic).
+is how a private or self-signed certificate authority is trusted. Without ``ca_cert`` the
+environment variable ``LOGHUB_CA_CERT`` names that bundle, so every tool built on this client
+(the ``loghub`` commands, consumers, Spark jobs) can be pointed at a private CA the same way.
+``verify=False`` turns checking off (for a quick test only: it lets anyone in the middle
+read and change traffic).
 
 Thread-safety: one client may be shared by threads (httpx.Client is thread-safe).
 """
@@ -38,6 +41,7 @@ from loghub.wire.signing import Credentials, sign_v1, sign_v4
 __all__ = ["LogHubClient", "PullResult", "RawPullResult", "ShardInfo"]
 
 API_VERSION = "0.6.0"
+CA_CERT_ENV = "LOGHUB_CA_CERT"
 _PULL_RAW_BYTES_MAX = 256 * 1024 * 1024
 
 
@@ -104,6 +108,8 @@ def _tls_verification(
     context trusting only ``ca_cert``. Built here because httpx no longer takes a path."""
     if not verify:
         return False
+    if ca_cert is None:
+        ca_cert = os.environ.get(CA_CERT_ENV) or None
     if ca_cert is None:
         return True
     try:
