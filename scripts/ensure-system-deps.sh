@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs the system packages the tests use, only when they are missing: PostgreSQL 15
-# (the tests start a throwaway cluster of their own) and a Java runtime (for Spark).
+# (the tests start a throwaway cluster of their own), a Java runtime (for Spark) and the
+# openssl command (the TLS tests make their own certificate authority with it).
 set -euo pipefail
 need=()
 pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
 if [ -z "$pg_bin" ] || [ ! -x "$pg_bin/initdb" ]; then need+=(postgresql); fi
 if ! command -v java >/dev/null 2>&1; then need+=(openjdk-17-jre-headless); fi
+if ! command -v openssl >/dev/null 2>&1; then need+=(openssl); fi
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "missing system packages: ${need[*]}; install them (apt-get install ${need[*]})" >&2

@@ -1,7 +1,9 @@
 """The `loghub` command: run a server, manage projects and logstores, produce and tail logs.
 
 Every client command takes --endpoint and keys from flags or the environment
-(LOGHUB_ENDPOINT, LOGHUB_ACCESS_KEY_ID, LOGHUB_ACCESS_KEY_SECRET). Errors print as
+(LOGHUB_ENDPOINT, LOGHUB_ACCESS_KEY_ID, LOGHUB_ACCESS_KEY_SECRET). An https:// endpoint
+speaks TLS; `loghub --ca-cert F ...` (or LOGHUB_CA_CERT) trusts the PEM bundle F instead of
+the system's authorities, for a private or self-signed certificate. Errors print as
 `error: <Code>: <message>` and exit with status 1, never a traceback.
 """
 
@@ -26,6 +28,7 @@ from loghub.errors import LogHubError, ShardReadOnly
 from loghub.metadata.hashing import md5_hash_key, parse_hash_key
 from loghub.pipelines.cli import pipeline_app
 from loghub.server.config import ServerConfig
+from loghub.server.quotas import ShardQuota, rate_per_s_max
 from loghub.wire.logs import make_log_group
 
 __all__ = ["app", "main"]
@@ -47,7 +50,9 @@ app.command()(consume)
 
 err = Console(stderr=True)
 
-Endpoint = Annotated[str, typer.Option(envvar="LOGHUB_ENDPOINT", help="host:port of the server")]
+Endpoint = Annotated[
+    str, typer.Option(envvar="LOGHUB_ENDPOINT", help="host:port or https://host:port")
+]
 KeyId = Annotated[str, typer.Option(envvar="LOGHUB_ACCESS_KEY_ID", help="access key id")]
 KeySecret = Annotated[
     str, typer.Option(envvar="LOGHUB_ACCESS_KEY_SECRET", help="access key secret")
@@ -55,8 +60,22 @@ KeySecret = Annotated[
 Project = Annotated[str, typer.Option("--project", "-p", envvar="LOGHUB_PROJECT")]
 
 
+# TLS: set once by the top-level --ca-cert option, read by every client command.
+_tls: dict[str, Path | None] = {"ca_cert": None}
+
+
+@app.callback()
+def _options(
+    ca_cert: Annotated[
+        Path | None,
+        typer.Option(envvar="LOGHUB_CA_CERT", help="PEM bundle to trust for https endpoints"),
+    ] = None,
+) -> None:
+    _tls["ca_cert"] = ca_cert
+
+
 def _client(endpoint: str, key_id: str, key_secret: str) -> LogHubClient:
-    return LogHubClient(endpoint, key_id, key_secret)
+    return LogHubClient(endpoint, key_id, key_secret, ca_cert=_tls["ca_cert"])
 
 
 @app.command()
@@ -87,6 +106,21 @@ def serve(
     retention_interval_s: Annotated[
         float, typer.Option(help="how often expired data is deleted")
     ] = ServerConfig.retention_interval_s,
+    # TLS
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="PEM certificate (chain): serve https with --tls-key")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert")] = None,
+    # quotas
+    shard_write_bytes_per_s: Annotated[
+        int, typer.Option(help="per-shard write quota in raw bytes/s (0: none)", min=0)
+    ] = ShardQuota.write_bytes_per_s,
+    shard_write_requests_per_s: Annotated[
+        int, typer.Option(help="per-shard write quota in requests/s (0: none)", min=0)
+    ] = ShardQuota.write_requests_per_s,
+    shard_read_bytes_per_s: Annotated[
+        int, typer.Option(help="per-shard read quota in raw bytes/s (0: none)", min=0)
+    ] = ShardQuota.read_bytes_per_s,
 ) -> None:
     """Run a LogHub server."""
     from loghub.server import ServerConfig, load_keys
@@ -109,8 +143,24 @@ def serve(
         auto_split_sustain_ms=auto_split_sustain_ms,
         auto_split_check_interval_s=auto_split_check_interval_s,
         retention_interval_s=retention_interval_s,
+        # TLS
+        tls_cert_file=tls_cert,
+        tls_key_file=tls_key,
+        # quotas
+        shard_quota=_shard_quota(
+            shard_write_bytes_per_s, shard_write_requests_per_s, shard_read_bytes_per_s
+        ),
     )
     run_server(config)
+
+
+def _shard_quota(
+    write_bytes_per_s: int, write_requests_per_s: int, read_bytes_per_s: int
+) -> ShardQuota:
+    for rate in (write_bytes_per_s, write_requests_per_s, read_bytes_per_s):
+        if rate > rate_per_s_max:
+            raise typer.BadParameter(f"a quota rate must be at most {rate_per_s_max}")
+    return ShardQuota(write_bytes_per_s, write_requests_per_s, read_bytes_per_s)
 
 
 @project_app.command("create")

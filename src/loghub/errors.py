@@ -36,6 +36,9 @@ body, so an error means the same thing on both sides of the wire: the server tur
     ├── CoordinationError
     │   ├── LeaseLostError
     │   └── IllegalTransition           a state machine was asked for a move it does not allow
+    ├── QuotaError                      over a per-shard rate quota (403); wait and try again
+    │   ├── ShardWriteQuotaExceed       write bytes or write requests per second
+    │   └── ShardReadQuotaExceed        read bytes per second
     └── ClientError                     raised only by loghub.client
         ├── TransportError              the server could not be reached
         └── ServerError                 an error reply whose code this package does not know
@@ -72,11 +75,14 @@ __all__ = [
     "PostBodyTooLarge",
     "ProjectAlreadyExist",
     "ProjectNotExist",
+    "QuotaError",
     "RequestError",
     "RequestTimeTooSkewed",
     "ServerError",
     "ShardNotExist",
     "ShardReadOnly",
+    "ShardReadQuotaExceed",
+    "ShardWriteQuotaExceed",
     "SignatureNotMatch",
     "StorageClosedError",
     "StorageError",
@@ -224,6 +230,21 @@ class LeaseLostError(CoordinationError):
 
 class IllegalTransition(CoordinationError):
     pass
+
+
+class QuotaError(LogHubError):
+    """Not the caller's mistake and not the server's fault: the shard is busy. The hosted
+    service answers these with 403, which the official consumer meets by sleeping 5 s."""
+
+    code = "QuotaExceed"
+
+
+class ShardWriteQuotaExceed(QuotaError):
+    code = "ShardWriteQuotaExceed"
+
+
+class ShardReadQuotaExceed(QuotaError):
+    code = "ShardReadQuotaExceed"
 
 
 class ClientError(LogHubError):

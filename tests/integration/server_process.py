@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -35,8 +36,12 @@ class ServerProcess:
         keys: dict[str, str] | None = None,
         extra_args: tuple[str, ...] = (),
         port: int | None = None,
+        ca_cert: Path | None = None,
     ) -> None:
+        """``ca_cert``: the server speaks https (its --tls-* flags are in ``extra_args``);
+        the health check trusts this CA."""
         self.data_dir = data_dir
+        self.ca_cert = ca_cert
         self.keys = keys or {}
         self.extra_args = extra_args
         self.port = port or free_port()
@@ -90,10 +95,14 @@ class ServerProcess:
                 if "address already in use" in self.log():
                     raise PortTaken(self.port)
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
+            scheme = "http" if self.ca_cert is None else "https"
+            verify: ssl.SSLContext | bool = (
+                True if self.ca_cert is None else ssl.create_default_context(cafile=self.ca_cert)
+            )
             try:
                 # never through a proxy from the environment (the SDK tests set HTTP_PROXY)
-                with httpx.Client(trust_env=False, timeout=1) as http:
-                    reply = http.get(f"http://{self.endpoint}/health")
+                with httpx.Client(trust_env=False, timeout=1, verify=verify) as http:
+                    reply = http.get(f"{scheme}://{self.endpoint}/health")
             except httpx.HTTPError:
                 time.sleep(0.05)
                 continue

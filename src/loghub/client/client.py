@@ -6,12 +6,22 @@ needing DNS to resolve ``<project>.<host>``. Requests are signed (v1 by default,
 when keys are given. Error replies raise the matching ``loghub.errors`` class, so
 ``except LogStoreNotExist`` works the same in and out of the server.
 
+An ``https://`` endpoint speaks TLS and checks the server's certificate against the
+system's trusted authorities, or only against ``ca_cert`` (a PEM bundle) when given, which
+is how a private or self-signed certificate authority is trusted. Without ``ca_cert`` the
+environment variable ``LOGHUB_CA_CERT`` names that bundle, so every tool built on this client
+(the ``loghub`` commands, consumers, Spark jobs) can be pointed at a private CA the same way.
+``verify=False`` turns checking off (for a quick test only: it lets anyone in the middle
+read and change traffic).
+
 Thread-safety: one client may be shared by threads (httpx.Client is thread-safe).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import ssl
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -31,6 +41,7 @@ from loghub.wire.signing import Credentials, sign_v1, sign_v4
 __all__ = ["LogHubClient", "PullResult", "RawPullResult", "ShardInfo"]
 
 API_VERSION = "0.6.0"
+CA_CERT_ENV = "LOGHUB_CA_CERT"
 _PULL_RAW_BYTES_MAX = 256 * 1024 * 1024
 
 
@@ -90,6 +101,23 @@ class PullResult:
         return self.log_group_list.LogGroups  # type: ignore[no-any-return]
 
 
+def _tls_verification(
+    ca_cert: str | os.PathLike[str] | None, verify: bool = True
+) -> ssl.SSLContext | bool:
+    """What httpx's ``verify`` gets: the system's authorities (True), none (False), or a
+    context trusting only ``ca_cert``. Built here because httpx no longer takes a path."""
+    if not verify:
+        return False
+    if ca_cert is None:
+        ca_cert = os.environ.get(CA_CERT_ENV) or None
+    if ca_cert is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=os.fspath(ca_cert))
+    except (OSError, ssl.SSLError) as exc:
+        raise TransportError(f"cannot load the CA bundle {os.fspath(ca_cert)}: {exc}") from exc
+
+
 class LogHubClient:
     def __init__(
         self,
@@ -102,11 +130,14 @@ class LogHubClient:
         timeout_s: float = 60.0,
         transport: httpx.BaseTransport | None = None,
         clock: Clock | None = None,
+        ca_cert: str | os.PathLike[str] | None = None,
+        verify: bool = True,
     ) -> None:
         if "://" not in endpoint:
             endpoint = "http://" + endpoint
         parts = urlsplit(endpoint)
         assert parts.hostname, f"endpoint {endpoint!r} has no host"
+        assert parts.scheme in ("http", "https"), f"endpoint {endpoint!r}: http or https"
         self._base_url = f"{parts.scheme}://{parts.netloc}"
         self._host = parts.hostname
         self._credentials = (
@@ -118,7 +149,12 @@ class LogHubClient:
         self._auth_version = auth_version
         self._region = region
         self._clock = clock or SystemClock()
-        self._http = httpx.Client(timeout=timeout_s, transport=transport, trust_env=False)
+        self._http = httpx.Client(
+            timeout=timeout_s,
+            transport=transport,
+            trust_env=False,
+            verify=_tls_verification(ca_cert, verify),
+        )
 
     def close(self) -> None:
         self._http.close()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from loghub.errors import ParameterInvalid
+from loghub.server.quotas import ShardQuota
 
 __all__ = ["Limits", "ServerConfig", "is_loopback_host", "load_keys"]
 
@@ -69,6 +70,18 @@ class ServerConfig:
     auto_split_sustain_ms: int = 60_000
     auto_split_check_interval_s: float = 5.0
     limits: Limits = field(default_factory=Limits)
+    # TLS: with both files the server speaks only https (uvicorn's ssl_certfile/ssl_keyfile);
+    # the key file may also hold the certificate chain's key in PEM. Without them, plain http.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    # Quotas: the per-shard rates every logstore gets unless its own JSON overrides them
+    # (shardWriteQuotaBytesPerSecond, ...); 0 means none. Over a quota: 403
+    # ShardWriteQuotaExceed / ShardReadQuotaExceed.
+    shard_quota: ShardQuota = field(default_factory=ShardQuota)
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_cert_file is not None
 
     @property
     def auth_enabled(self) -> bool:

@@ -42,6 +42,9 @@ class EmbeddedServer:
                 lifespan="on",
                 access_log=False,
                 log_level="warning",
+                # TLS
+                ssl_certfile=None if config.tls_cert_file is None else str(config.tls_cert_file),
+                ssl_keyfile=None if config.tls_key_file is None else str(config.tls_key_file),
             )
         )
         self._thread = threading.Thread(target=self._server.run, name="loghub-server", daemon=True)
@@ -49,16 +52,21 @@ class EmbeddedServer:
 
     @property
     def endpoint(self) -> str:
-        return f"{self.config.host}:{self.config.port}"
+        """``host:port``, or ``https://host:port`` when the server speaks TLS."""
+        address = f"{self.config.host}:{self.config.port}"
+        return f"https://{address}" if self.config.tls_enabled else address
 
     def start(self) -> EmbeddedServer:
         self._thread.start()
         deadline = time.monotonic() + self._start_timeout_s
         while time.monotonic() < deadline:
             try:
-                # never through a proxy from the environment: this server is local
-                with httpx.Client(trust_env=False, timeout=1) as http:
-                    if http.get(f"http://{self.endpoint}/health").status_code == 200:
+                # never through a proxy from the environment: this server is local. Over TLS
+                # the probe does not check the certificate: it only asks whether this
+                # process's own loopback port answers, and sends nothing secret.
+                url = self.endpoint if "://" in self.endpoint else f"http://{self.endpoint}"
+                with httpx.Client(trust_env=False, timeout=1, verify=False) as http:
+                    if http.get(f"{url}/health").status_code == 200:
                         return self
             except httpx.HTTPError:
                 pass

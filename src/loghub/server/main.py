@@ -2,6 +2,9 @@
 
 Without access keys the server answers anyone, so it refuses to listen on anything but a
 loopback address; with keys every request must be signed (v1 or v4) with a fresh date.
+TLS does not change that rule: encryption says nothing about who is calling.
+With a certificate and key the server speaks only https on its port: a plain-http request
+to it gets no HTTP answer (the TLS handshake fails and the connection is closed).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from loghub.errors import ParameterInvalid
 from loghub.server.app import build_app
 from loghub.server.config import ServerConfig, is_loopback_host
 
-__all__ = ["check_bind", "serve"]
+__all__ = ["check_bind", "check_tls", "serve"]
 
 log = logging.getLogger("loghub.server")
 
@@ -28,13 +31,26 @@ def check_bind(config: ServerConfig) -> None:
         )
 
 
+def check_tls(config: ServerConfig) -> None:
+    """Both TLS files or neither, and both readable, so a typo fails at start-up rather than
+    at the first client's handshake."""
+    cert, key = config.tls_cert_file, config.tls_key_file
+    if (cert is None) != (key is None):
+        raise ParameterInvalid("TLS needs both --tls-cert and --tls-key")
+    for path in (cert, key):
+        if path is not None and not path.is_file():
+            raise ParameterInvalid(f"TLS file {path} does not exist or is not a file")
+
+
 def serve(config: ServerConfig) -> None:
     """Runs until SIGINT or SIGTERM; then stops accepting, finishes requests and closes."""
     check_bind(config)
+    check_tls(config)
     app = build_app(config)
     log.info(
-        "LogHub serving %s on http://%s:%d (auth %s, fsync %s)",
+        "LogHub serving %s on %s://%s:%d (auth %s, fsync %s)",
         config.data_dir,
+        "https" if config.tls_enabled else "http",
         config.host,
         config.port,
         "on" if config.auth_enabled else "off",
@@ -52,5 +68,8 @@ def serve(config: ServerConfig) -> None:
             log_level="warning",
             timeout_keep_alive=120,
             h11_max_incomplete_event_size=1024 * 1024,
+            # TLS
+            ssl_certfile=None if config.tls_cert_file is None else str(config.tls_cert_file),
+            ssl_keyfile=None if config.tls_key_file is None else str(config.tls_key_file),
         )
     ).run()

@@ -33,6 +33,7 @@ from loghub.server.autosplit import AutoSplitMonitor
 from loghub.server.config import ServerConfig
 from loghub.server.groups import GroupService
 from loghub.server.metrics import ServerMetrics
+from loghub.server.quotas import ShardQuota, ShardQuotas, rate_per_s_max
 from loghub.server.validation import BodyChecker
 from loghub.storage import ReadBatch, ShardLog, ShardStore, StorageConfig
 from loghub.wire.compression import compress
@@ -82,6 +83,7 @@ class LogHubService:
         self.autosplit = AutoSplitMonitor(
             config.auto_split_bytes_per_s, config.auto_split_sustain_ms
         )
+        self.quotas = ShardQuotas(clock)
         self._closed = threading.Event()
 
     def close(self) -> None:
@@ -97,8 +99,14 @@ class LogHubService:
 
     def update_logstore(self, project: str, name: str, body: Mapping[str, Any]) -> Logstore:
         """Applies the changed fields; `shardCount` is ignored, since only split and merge
-        change the shards of a logstore."""
-        return self.metadata.update_logstore(project, name, logstore_changes_from_json(body))
+        change the shards of a logstore. Quota keys absent from the body are kept: the
+        official SDK's update sends only the keys it knows."""
+        changes = logstore_changes_from_json(body)
+        if "extra" in changes:
+            old = self.metadata.get_logstore(project, name).extra
+            kept = {k: old[k] for k in _QUOTA_KEYS if k in old and k not in changes["extra"]}
+            changes["extra"] = {**kept, **changes["extra"]}
+        return self.metadata.update_logstore(project, name, changes)
 
     def delete_logstore(self, project: str, name: str) -> None:
         logstore = self.metadata.delete_logstore(project, name)
@@ -231,6 +239,9 @@ class LogHubService:
         for _attempt in range(_REROUTES_MAX):
             shard = self.pick_shard(project, logstore, target, hash_key)
             store = self.metadata.get_logstore(project, logstore)
+            self.quotas.admit_write(
+                (project, logstore, shard.shard_id), self.shard_quota(store), len(raw)
+            )
             try:
                 sequence = self._open_log(store, shard).append(payload, self.clock.wall_ms())
             except ShardReadOnly:
@@ -278,12 +289,16 @@ class LogHubService:
         limits = self.config.limits
         if not 1 <= count <= limits.pull_groups_max:
             raise ParameterInvalid(f"count must be 1..{limits.pull_groups_max}, not {count}")
-        shard_log = self.shard_log(project, logstore, shard_id)
+        store = self.metadata.get_logstore(project, logstore)
+        shard_log = self._open_log(store, self.metadata.get_shard(project, logstore, shard_id))
         start = decode_cursor(cursor)
         end = None if end_cursor is None else decode_cursor(end_cursor)
         if end is not None and end < start:
             raise InvalidCursor(f"end_cursor {end_cursor} is before cursor {cursor}")
+        quota, quota_key = self.shard_quota(store), (project, logstore, shard_id)
+        self.quotas.admit_read(quota_key, quota)
         batch: ReadBatch = shard_log.read(start, count, limits.pull_bytes_max, end)
+        self.quotas.charge_read(quota_key, quota, len(batch.data))
         self.metrics.pull_groups.inc(batch.count)
         self.metrics.pull_bytes.inc(len(batch.data))
         body = compress(accept_compress, batch.data) if batch.data else b""
@@ -294,6 +309,17 @@ class LogHubService:
             count=batch.count,
             next_cursor=encode_cursor(batch.next_seq),
         )
+
+    def shard_quota(self, store: Logstore) -> ShardQuota:
+        """The server-wide quota with the logstore's own overrides (its JSON quota keys)."""
+        default = self.config.shard_quota
+        if not store.extra:
+            return default
+        rates = {
+            attribute: int(store.extra.get(key, getattr(default, attribute)))
+            for key, attribute in _QUOTA_KEYS.items()
+        }
+        return ShardQuota(**rates)
 
     def apply_retention(self) -> int:
         """Deletes expired segments of every logstore; returns how many went."""
@@ -369,6 +395,25 @@ _LOGSTORE_FIELDS: dict[str, tuple[str, Any]] = {
     "mode": ("mode", _as_str),
 }
 _EXTRA_KEYS = ("enableModify", "hot_ttl", "encrypt_conf", "infrequentAccessTTL")
+# LogHub's own keys (the hosted service has no such keys; the official SDK ignores them in
+# get_logstore): a logstore's per-shard quotas, overriding the server's; 0 means none.
+_QUOTA_KEYS: dict[str, str] = {
+    "shardWriteQuotaBytesPerSecond": "write_bytes_per_s",
+    "shardWriteQuotaRequestsPerSecond": "write_requests_per_s",
+    "shardReadQuotaBytesPerSecond": "read_bytes_per_s",
+}
+
+
+def _quota_rate(value: Any, key: str) -> int:
+    """A JSON number or a string of ASCII digits (no sign, no other script's digits, no
+    thousands of digits for int() to choke on) in 0..rate_per_s_max."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 15:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LogStoreInfoInvalid(f"{key} must be an integer")
+    if not 0 <= value <= rate_per_s_max:
+        raise LogStoreInfoInvalid(f"{key} must be 0..{rate_per_s_max}, not {value}")
+    return value
 
 
 def logstore_changes_from_json(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -377,6 +422,9 @@ def logstore_changes_from_json(body: Mapping[str, Any]) -> dict[str, Any]:
         if key in body and body[key] is not None:
             changes[attribute] = convert(body[key], key)
     extra = {key: body[key] for key in _EXTRA_KEYS if key in body}
+    extra.update(
+        {key: _quota_rate(body[key], key) for key in _QUOTA_KEYS if body.get(key) is not None}
+    )
     if extra:
         changes["extra"] = extra
     return changes

@@ -5,7 +5,10 @@ arrives as ``"true"``), so every value is parsed here and a bad one fails the qu
 ``load()``/``save()`` with ``ParameterInvalid`` naming the option, not deep inside a task.
 Option names follow the hosted service's Spark connector where it has one (``endpoint``,
 ``project``, ``logstore``, ``accessKeyId``, ``accessKeySecret``, ``startingOffsets``,
-``endingOffsets``, ``maxOffsetsPerTrigger``) and Spark's Kafka source otherwise. Options this
+``endingOffsets``, ``maxOffsetsPerTrigger``) and Spark's Kafka source otherwise. An
+``https://`` endpoint speaks TLS; ``caCert`` names a PEM bundle to trust instead of the
+system's authorities (the file must exist at that path on every executor too), and
+``tlsVerify=false`` turns certificate checking off. Options this
 module does not know are ignored, as Spark's own sources do (Spark passes some of its own,
 such as ``checkpointLocation``, to sinks).
 
@@ -19,7 +22,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, TypeVar
 
 from loghub.client import LogHubClient
 from loghub.errors import ParameterInvalid
@@ -36,6 +39,7 @@ __all__ = [
 ]
 
 _LOGS_PER_GROUP_MAX = 100_000
+C = TypeVar("C", bound=LogHubClient)
 
 
 @dataclass(frozen=True)
@@ -45,9 +49,21 @@ class Connection:
     logstore: str
     access_key_id: str = ""
     access_key_secret: str = ""
+    ca_cert: str | None = None  # a PEM bundle to trust for an https endpoint
+    tls_verify: bool = True
 
     def client(self) -> LogHubClient:
-        return LogHubClient(self.endpoint, self.access_key_id, self.access_key_secret)
+        return self.client_of(LogHubClient)
+
+    def client_of(self, cls: type[C]) -> C:
+        """A client of ``cls`` (a LogHubClient or a subclass) with these settings."""
+        return cls(
+            self.endpoint,
+            self.access_key_id,
+            self.access_key_secret,
+            ca_cert=self.ca_cert,
+            verify=self.tls_verify,
+        )
 
 
 @dataclass(frozen=True)
@@ -94,7 +110,25 @@ def _connection(options: Mapping[str, str]) -> Connection:
     secret = options.get("accesskeysecret", "")
     if bool(key_id) != bool(secret):
         raise ParameterInvalid("set both accessKeyId and accessKeySecret, or neither")
-    return Connection(options["endpoint"], options["project"], options["logstore"], key_id, secret)
+    endpoint = options["endpoint"].strip()
+    scheme = endpoint.partition("://")[0].lower() if "://" in endpoint else "http"
+    if scheme not in ("http", "https"):
+        raise ParameterInvalid(
+            f"endpoint must be host:port or http(s)://host:port, not {endpoint!r}"
+        )
+    ca_cert = options.get("cacert") or None
+    tls_verify = _boolean(options.get("tlsverify", "true"), "tlsVerify")
+    if (ca_cert is not None or not tls_verify) and scheme != "https":
+        raise ParameterInvalid("caCert and tlsVerify apply only to an https:// endpoint")
+    return Connection(
+        endpoint,
+        options["project"],
+        options["logstore"],
+        key_id,
+        secret,
+        ca_cert=ca_cert,
+        tls_verify=tls_verify,
+    )
 
 
 def _consumer_group(options: Mapping[str, str], *, streaming: bool) -> str | None:

@@ -150,9 +150,7 @@ class _Reader:
 
     def _read_range(self, partition: ShardRange) -> Iterator[Any]:
         connection = self._options.connection
-        client = RawPullClient(
-            connection.endpoint, connection.access_key_id, connection.access_key_secret
-        )
+        client = connection.client_of(RawPullClient)
         try:
             pending: list[bytes] = []
             pending_bytes, first_seq, seq = 0, partition.start, partition.start
