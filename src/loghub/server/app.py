@@ -44,6 +44,7 @@ from loghub.errors import (
     PostBodyInvalid,
     PostBodyTooLarge,
     ProjectNotExist,
+    SignatureReused,
     StorageError,
 )
 from loghub.server.auth import Authenticator, needs_write
@@ -165,11 +166,14 @@ def _empty(request_id: str) -> Response:
 
 
 def _error(exc: LogHubError, request_id: str) -> Response:
+    headers = {"x-log-requestid": request_id}
+    if isinstance(exc, SignatureReused):
+        headers["retry-after"] = "1"  # a new second, a new date, a new signature
     return Response(
         error_body(exc.code, exc.message, request_id),
         status_code=http_status(exc),
         media_type=_JSON,
-        headers={"x-log-requestid": request_id},
+        headers=headers,
     )
 
 
@@ -323,8 +327,9 @@ class LogHubApp:
             call.headers,
             call.body,
             self.clock.wall_ms() / 1000,
+            call.project,
+            needs_write(call.method, call.parts),
         )
-        self._auth.authorize(call.key_id, call.project, needs_write(call.method, call.parts))
 
     async def _route(self, call: _Call) -> Response:
         parts = call.parts

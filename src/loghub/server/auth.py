@@ -9,7 +9,10 @@ refuses a second copy of any header that routing or a signature reads):
    is carried by ``Host`` alone, so a captured v1 request would verify just as well when sent
    again to another project. Each v1 signature is therefore bound, for as long as its date is
    acceptable, to the ``Host`` it was first seen with; the same signature with another
-   ``Host`` is refused. v4 signs ``Host`` and needs no such memory.
+   ``Host`` is refused with 503 ``SignatureReused``. Not a 4xx: two byte-identical v1
+   requests to two projects in the same second (dates have one-second resolution) carry the
+   same signature too, and the SDK retries a 5xx after a second, signed anew, which then
+   passes; a replay cannot be signed anew. v4 signs ``Host`` and needs no such memory.
 3. The key's grant (``KeyGrant``): the project must be one the key names (or ``*``), and an
    operation that changes something needs ``"access": "write"``. Consumer-group operations
    (create, update, heartbeat, checkpoint) count as reading: they are what a consumer with a
@@ -30,7 +33,7 @@ import hmac
 from collections import OrderedDict
 from collections.abc import Mapping
 
-from loghub.errors import SignatureNotMatch, Unauthorized
+from loghub.errors import SignatureReused, Unauthorized
 from loghub.server.config import KeyGrant, ServerConfig
 from loghub.wire.signing import verify
 
@@ -66,21 +69,25 @@ class Authenticator:
         headers: Mapping[str, str],
         body: bytes,
         now_s: float,
+        project: str | None,
+        write: bool,
     ) -> str:
-        """The key id that signed this request; an ``AuthError`` when none did."""
+        """The key id that signed this request and may make it; an ``AuthError`` otherwise.
+
+        ``project`` None is the bare endpoint (listing projects), which every key may call
+        (the listing shows a key only its projects). The grant is checked before the replay
+        memory, so a refused request leaves no trace there."""
         verified = verify(
             method, path, raw_query, headers, body, self._keys.get, now_s, self._skew_s_max
         )
+        if project is not None:
+            self._authorize(verified.access_key_id, project, write)
         if verified.version == "v1":
             self._bind_v1(headers["authorization"], headers.get("host", ""), now_s)
         return verified.access_key_id
 
-    def authorize(self, key_id: str, project: str | None, write: bool) -> None:
-        """Refuses with ``Unauthorized`` a call outside the key's grant. ``project`` None is
-        the bare endpoint: listing projects, which every key may do (``visible`` filters)."""
+    def _authorize(self, key_id: str, project: str, write: bool) -> None:
         grant = self.grant(key_id)
-        if project is None:
-            return
         if not grant.allows(project, write):
             what = "write to" if write and grant.allows(project, False) else "access"
             raise Unauthorized(f"access key {key_id!r} may not {what} project {project!r}")
@@ -98,7 +105,7 @@ class Authenticator:
     ) -> None:
         authorization = headers.get("authorization", "")
         if not authorization.startswith("Basic "):
-            self.authenticate(method, path, raw_query, headers, b"", now_s)
+            self.authenticate(method, path, raw_query, headers, b"", now_s, None, False)
             return
         try:
             decoded = base64.b64decode(authorization[6:].strip(), validate=True).decode()
@@ -119,7 +126,7 @@ class Authenticator:
                 self._v1_hosts.popitem(last=False)
             return
         if seen[0] != host:
-            raise SignatureNotMatch(
+            raise SignatureReused(
                 "this v1 signature was already used with another Host (project): sign the "
                 "request again"
             )
