@@ -66,7 +66,8 @@ class RawConnection:
         head = f"{method} {target} HTTP/1.1\r\n" + "".join(
             f"{name}: {value}\r\n" for name, value in headers
         )
-        data = head.encode("latin-1") + b"\r\n" + body
+        # UTF-8: a header value outside latin-1 goes out as the bytes a client would send
+        data = head.encode("utf-8") + b"\r\n" + body
         for attempt in range(2):
             try:
                 return self._exchange(data, method)

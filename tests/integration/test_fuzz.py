@@ -1,0 +1,411 @@
+"""Seeded fuzzing of a real server: mutated methods, paths, queries, headers and bodies.
+
+Every reply must be a 2xx or a 4xx in LogHub's error format, never a 5xx; no error may name
+a path of the server's disk; the server must still answer /health at the end; and a
+logstore written before the run (in a project the fuzzer never names) must read back
+byte-identical after it. The generator is a `random.Random` seeded by `LOGHUB_SEED`
+(default fixed), so a failure replays exactly: the assertion message prints the seed and the
+request.
+
+Most requests go to an anonymous server; a share goes to a signed one, signed as the SDK
+signs and then (mostly) mutated, so the checks run after authentication too.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import parse_qsl, quote, unquote
+
+import lz4.block
+import pytest
+from raw_http import Headers, RawConnection, Reply, signed
+from server_process import ServerProcess
+
+from loghub.wire.logs import make_log_group
+
+SEED = int(os.environ.get("LOGHUB_SEED", "20261125"))
+ANONYMOUS_REQUESTS = 20_000
+SIGNED_REQUESTS = 1_500
+PROJECT = "fuzz"
+KEEP = "keep"  # never named by a fuzzed request
+STORE = "fz-store"
+
+# values that broke int() and friends, and their neighbours
+NUMBERS = [
+    "0",
+    "1",
+    "2",
+    "-1",
+    "--1",
+    "+1",
+    " 3 ",
+    "1_0",
+    "²",
+    "①",
+    "٣",
+    "１",
+    "0x10",
+    "1e3",
+    "1.5",
+    "",
+    " ",
+    "9" * 19,
+    "9" * 20,
+    "9" * 5000,
+    "-0",
+    "00",
+    "4294967296",
+    "nan",
+    "\u0663\u0664",
+]
+SHARDS = [
+    "0",
+    "1",
+    "2",
+    "lb",
+    "route",
+    "-1",
+    "²",
+    "①",
+    "٣",
+    "--1",
+    "99999999999",
+    "",
+    "0x1",
+    "%00",
+    "..",
+    "1%2F2",
+]
+LOGSTORES = [STORE, "nope", "a", "x" * 70, "%2E%2E", "..", "%00", "\u00e9t\u00e9", "fz_store"]
+HOSTS = [
+    f"{PROJECT}.127.0.0.1",
+    "127.0.0.1",
+    "localhost",
+    "other.127.0.0.1",
+    "",
+    "a.b.c",
+    "[::1]",
+    "fuzz.127.0.0.1:80",
+    "FZ.127.0.0.1",
+    "-.127.0.0.1",
+    "fuzz..127.0.0.1",
+]
+QUERY_NAMES = [
+    "type",
+    "from",
+    "cursor",
+    "end_cursor",
+    "count",
+    "offset",
+    "size",
+    "shard",
+    "consumer",
+    "forceSuccess",
+    "action",
+    "key",
+    "logstoreName",
+    "projectName",
+    "x",
+]
+QUERY_VALUES = [
+    *NUMBERS,
+    "log",
+    "cursor",
+    "cursor_time",
+    "heartbeat",
+    "checkpoint",
+    "begin",
+    "end",
+    "split",
+    "merge",
+    "MA==",
+    "MTA=",
+    "////",
+    "true",
+    "False",
+    "7f" + "0" * 30,
+    "zz",
+    "\u0000",
+    "\U0001f600",
+]
+HEADER_NAMES = [
+    "x-log-bodyrawsize",
+    "x-log-compresstype",
+    "content-type",
+    "accept-encoding",
+    "x-log-apiversion",
+    "content-md5",
+    "date",
+    "x-log-date",
+    "authorization",
+    "x-log-signaturemethod",
+    "x-acs-security-token",
+]
+HEADER_VALUES = [
+    *NUMBERS,
+    "lz4",
+    "zstd",
+    "deflate",
+    "gzip",
+    "br",
+    "application/json",
+    "application/x-protobuf",
+    "LOG ak:xx",
+    "SLS4-HMAC-SHA256 Credential=x",
+    "Basic YWs6c2s=",
+    "Mon, 01 Jan 99999999999 00:00:00 GMT",
+]
+
+
+def _group(rng: random.Random) -> bytes:
+    logs = [(1_700_000_000 + i, {"k": str(rng.random())}) for i in range(rng.randint(1, 5))]
+    return make_log_group(logs).SerializeToString()
+
+
+def _json_values(rng: random.Random) -> object:
+    return rng.choice(
+        [0, 1, 4.0, 4.5, -1, True, None, "²", "٣", "--1", "12", 2**70, 1e308, [], {}, "x" * 100]
+    )
+
+
+def _body(rng: random.Random) -> bytes:
+    kind = rng.randrange(12)
+    if kind == 0:
+        return b""
+    if kind == 1:
+        return b"[" * 10_000 + b"]" * 10_000
+    if kind == 2:
+        return b"9" * 5000
+    if kind == 3:
+        return b'{"shard": ' + b"9" * 5000 + b', "checkpoint": "MA=="}'
+    if kind == 4:
+        return _group(rng)
+    if kind == 5:
+        group = _group(rng)
+        return bytes(b ^ 0xFF if rng.random() < 0.05 else b for b in group)
+    if kind == 6:
+        return lz4.block.compress(_group(rng), store_size=False)
+    if kind == 7:
+        return rng.randbytes(rng.randrange(1, 200))
+    if kind == 8:  # a logstore body with mutated fields
+        body = {
+            "logstoreName": rng.choice([*LOGSTORES, "fz-new"]),
+            "ttl": _json_values(rng),
+            "shardCount": rng.choice([1, 2, 4.0, "2", "²", 0, -1, 2.5, None]),
+            "autoSplit": _json_values(rng),
+            "maxSplitShard": _json_values(rng),
+        }
+        return json.dumps(body).encode()
+    if kind == 9:  # a consumer group body
+        body = {
+            "consumerGroup": rng.choice(["cg", "", 5]),
+            "timeout": _json_values(rng),
+            "order": _json_values(rng),
+        }
+        return json.dumps(body).encode()
+    if kind == 10:  # a heartbeat or checkpoint body
+        if rng.random() < 0.5:
+            return json.dumps([_json_values(rng) for _ in range(rng.randrange(4))]).encode()
+        return json.dumps(
+            {
+                "shard": _json_values(rng),
+                "checkpoint": rng.choice(["MA==", "", "²", 5, "MTAwMDAwMDAw"]),
+            }
+        ).encode()
+    return b'{"a": [1, 2, {"b": NaN}]}' if rng.random() < 0.5 else b'{"a": 1e99999}'
+
+
+def _path(rng: random.Random) -> str:
+    if rng.random() < 0.002:
+        return "/metrics"  # rarely: its exposition takes tens of milliseconds
+    logstore, shard = rng.choice(LOGSTORES), rng.choice(SHARDS)
+    return rng.choice(
+        [
+            "/",
+            "/logstores",
+            f"/logstores/{logstore}",
+            f"/logstores/{logstore}/shards",
+            f"/logstores/{logstore}/shards/{shard}",
+            f"/logstores/{logstore}/consumergroups",
+            f"/logstores/{logstore}/consumergroups/cg",
+            f"/logstores/{logstore}/x/{shard}",
+            "//logstores",
+            f"/logstores/{logstore}/shards/{shard}/extra",
+        ]
+    )
+
+
+def _query(rng: random.Random) -> list[tuple[str, str]]:
+    names = rng.sample(QUERY_NAMES, rng.randrange(0, 5))
+    query = [(name, rng.choice(QUERY_VALUES)) for name in names]
+    if query and rng.random() < 0.05:
+        query.append(query[0])  # a repeated parameter
+    return query
+
+
+def _request(rng: random.Random) -> tuple[str, str, Headers, bytes]:
+    method = rng.choice(["GET", "GET", "POST", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"])
+    path = _path(rng)
+    host = rng.choice(HOSTS)
+    if method == "DELETE" and path == "/" and host.startswith(PROJECT):
+        method = "GET"  # deleting the fuzzed project would leave little to fuzz
+    query = _query(rng)
+    target = quote(path, safe="/%") + (
+        "?" + "&".join(f"{quote(k)}={quote(v)}" for k, v in query) if query else ""
+    )
+    headers: Headers = [("Host", host)] if host or rng.random() < 0.5 else []
+    for _ in range(rng.randrange(0, 4)):
+        headers.append((rng.choice(HEADER_NAMES), rng.choice(HEADER_VALUES)))
+    return method, target, headers, _body(rng)
+
+
+def _mutate_signed(rng: random.Random, headers: Headers, body: bytes) -> tuple[Headers, bytes]:
+    kind = rng.randrange(6)
+    if kind == 0:
+        return headers, body  # as signed
+    if kind == 1:
+        return headers, body + b" "
+    if kind == 2:
+        index = rng.randrange(len(headers))
+        name, _ = headers[index]
+        return [*headers[:index], (name, rng.choice(HEADER_VALUES)), *headers[index + 1 :]], body
+    if kind == 3:
+        return [*headers, rng.choice(headers)], body  # a repeated header
+    if kind == 4:
+        return headers[1:], body  # no Host
+    return [*headers, (rng.choice(HEADER_NAMES), rng.choice(HEADER_VALUES))], body
+
+
+def _setup(http: RawConnection, sign: bool) -> None:
+    """The fuzzed project with a logstore, and the kept one with data; idempotent."""
+    for project in (PROJECT, KEEP):
+        host = f"{project}.127.0.0.1"
+        steps = [
+            ("POST", "/", json.dumps({"projectName": project}).encode()),
+            (
+                "POST",
+                "/logstores",
+                json.dumps({"logstoreName": STORE, "shardCount": 2, "ttl": 7}).encode(),
+            ),
+            (
+                "POST",
+                f"/logstores/{STORE}/consumergroups",
+                json.dumps({"consumerGroup": "cg", "timeout": 4.0, "order": True}).encode(),
+            ),
+        ]
+        for method, path, body in steps:
+            headers = signed("v4", method, host, path, [], body) if sign else [("Host", host)]
+            reply = http.send(method, path, headers, body)
+            assert reply.status == 200 or reply.error_code() in (
+                "ProjectAlreadyExist",
+                "LogStoreAlreadyExist",
+                "ConsumerGroupAlreadyExist",
+            ), reply.body
+
+
+def _read_kept(http: RawConnection, sign: bool) -> list[bytes]:
+    host = f"{KEEP}.127.0.0.1"
+    replies = []
+    for shard in (0, 1):
+        path = f"/logstores/{STORE}/shards/{shard}"
+        query = [("type", "log"), ("cursor", "MA=="), ("count", "1000")]
+        target = path + "?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in query)
+        extra = {"accept-encoding": "lz4"}
+        headers = (
+            signed("v4", "GET", host, path, query, extra=extra)
+            if sign
+            else [("Host", host), *extra.items()]
+        )
+        reply = http.send("GET", target, headers)
+        assert reply.status == 200, reply.body
+        replies.append(reply.body + reply.headers["x-log-count"].encode())
+    return replies
+
+
+def _check(
+    reply: Reply, request: object, data_dir: Path, statuses: collections.Counter[int]
+) -> None:
+    statuses[reply.status] += 1
+    where = f"LOGHUB_SEED={SEED} request={request!r:.600}"
+    assert reply.status < 500, (where, reply.status, reply.body[:300])
+    assert str(data_dir) not in reply.body.decode("latin-1"), (where, reply.body[:300])
+    if reply.status >= 400:
+        parsed = json.loads(reply.body)
+        assert isinstance(parsed["errorCode"], str) and isinstance(parsed["errorMessage"], str), (
+            where
+        )
+
+
+def _run(server: ServerProcess, count: int, sign: bool) -> collections.Counter[int]:
+    rng = random.Random(f"{SEED}-{sign}")
+    statuses: collections.Counter[int] = collections.Counter()
+    data_dir = server.data_dir.resolve()
+    with RawConnection(server.port) as http:
+        _setup(http, sign)
+        for _ in range(3):
+            body = _group(rng)
+            path = f"/logstores/{STORE}/shards/lb"
+            host = f"{KEEP}.127.0.0.1"
+            headers = signed("v4", "POST", host, path, [], body) if sign else [("Host", host)]
+            assert http.send("POST", path, headers, body).status == 200
+        before = _read_kept(http, sign)
+        started = time.monotonic()
+        for i in range(count):
+            if i % 500 == 0:
+                _setup(http, sign)
+            method, target, headers, body = _request(rng)
+            if sign:
+                path, _, raw_query = target.partition("?")
+                query = parse_qsl(raw_query, keep_blank_values=True)
+                host = rng.choice([h for h in HOSTS if h])
+                version = rng.choice(["v1", "v4"])
+                # a signed header unique to each request: no two share a v1 signature
+                headers = signed(
+                    version,  # type: ignore[arg-type]
+                    method,
+                    host,
+                    unquote(path),
+                    query,
+                    body,
+                    extra={"x-log-fuzz-request": str(i)},
+                )
+                headers, body = _mutate_signed(rng, headers, body)
+            request = (method, target, headers, body[:200])
+            _check(http.send(method, target, headers, body), request, data_dir, statuses)
+        elapsed_s = time.monotonic() - started
+        alive = http.send("GET", "/health", [("Host", "127.0.0.1")])
+        assert alive.status == 200 and alive.json()["pid"] == server.pid
+        assert _read_kept(http, sign) == before
+    print(
+        f"\nfuzz {'signed' if sign else 'anonymous'}: {count} requests in {elapsed_s:.1f} s,"
+        f" statuses {dict(sorted(statuses.items()))}"
+    )
+    return statuses
+
+
+@pytest.fixture(scope="module")
+def anonymous_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = ServerProcess(tmp_path_factory.mktemp("fuzz") / "data").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_fuzzed_requests_get_no_5xx_and_change_no_stored_data(
+    anonymous_server: ServerProcess,
+) -> None:
+    statuses = _run(anonymous_server, ANONYMOUS_REQUESTS, sign=False)
+    assert sum(statuses.values()) == ANONYMOUS_REQUESTS
+    assert statuses[200] > 0  # the fuzzer reaches past the front door
+
+
+def test_fuzzed_signed_requests_get_no_5xx(signed_server: ServerProcess) -> None:
+    statuses = _run(signed_server, SIGNED_REQUESTS, sign=True)
+    assert sum(statuses.values()) == SIGNED_REQUESTS
