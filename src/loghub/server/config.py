@@ -188,4 +188,6 @@ def _read_key_entry(keys_file: Path, key_id: str, entry: dict[str, object]) -> t
         raise ParameterInvalid(f'{where}: projects must be a list of names (or "*")')
     if access not in ("read", "write"):
         raise ParameterInvalid(f'{where}: access must be "read" or "write"')
-    return secret, KeyGrant(frozenset(projects), "read" if access == "read" else "write")
+    # project names are lowercase (validate_project_name), as Host routing reads them
+    names = frozenset(p.lower() for p in projects)
+    return secret, KeyGrant(names, "read" if access == "read" else "write")
