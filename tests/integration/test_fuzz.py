@@ -409,3 +409,70 @@ def test_fuzzed_requests_get_no_5xx_and_change_no_stored_data(
 def test_fuzzed_signed_requests_get_no_5xx(signed_server: ServerProcess) -> None:
     statuses = _run(signed_server, SIGNED_REQUESTS, sign=True)
     assert sum(statuses.values()) == SIGNED_REQUESTS
+
+
+# -- cases the fuzzer finds, one by one: each was a 500 or accepted before -----------------
+
+HOST = [("Host", f"{PROJECT}.127.0.0.1")]
+SHARD = f"/logstores/{STORE}/shards/0"
+GROUP = f"/logstores/{STORE}/consumergroups/cg"
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "headers", "body", "code"),
+    [
+        ("GET", f"{SHARD}?type=cursor&from=%D9%A3", [], b"", "ParameterInvalid"),  # ٣ (read as 3)
+        ("GET", "/logstores?offset=--1", [], b"", "ParameterInvalid"),
+        ("GET", "/logstores?size=%E2%91%A0", [], b"", "ParameterInvalid"),  # ①
+        ("GET", f"{GROUP}?shard=%C2%B2", [], b"", "ParameterInvalid"),
+        (
+            "GET",
+            f"/logstores/{STORE}/shards/%C2%B2?type=cursor&from=begin",
+            [],
+            b"",
+            "ShardNotExist",
+        ),
+        (  # was ignored, and the group stored
+            "POST",
+            SHARD,
+            [("x-log-bodyrawsize", "²")],
+            make_log_group([(1_700_000_000, {"k": "v"})]).SerializeToString(),
+            "PostBodyInvalid",
+        ),
+        ("POST", "/logstores", [], b"[" * 10_000 + b"]" * 10_000, "PostBodyInvalid"),
+        ("PUT", f"/logstores/{STORE}", [], b'{"ttl": "\xc2\xb2"}', "LogStoreInfoInvalid"),
+        ("PUT", f"/logstores/{STORE}", [], b'{"ttl": "--1"}', "LogStoreInfoInvalid"),
+    ],
+)
+def test_unicode_digits_double_minus_and_deep_json_are_4xx(
+    anonymous_server: ServerProcess,
+    method: str,
+    target: str,
+    headers: Headers,
+    body: bytes,
+    code: str,
+) -> None:
+    with RawConnection(anonymous_server.port) as http:
+        _setup(http, sign=False)
+        reply = http.send(method, target, [*HOST, *headers], body)
+    assert 400 <= reply.status < 500 and reply.error_code() == code, reply.body
+
+
+def test_integral_float_timeouts_and_empty_optional_parameters_are_accepted(
+    anonymous_server: ServerProcess,
+) -> None:
+    with RawConnection(anonymous_server.port) as http:
+        _setup(http, sign=False)
+        body = json.dumps({"consumerGroup": "sdk-like", "timeout": 4.0, "order": False})
+        reply = http.send("POST", f"/logstores/{STORE}/consumergroups", HOST, body.encode())
+        assert reply.status == 200, reply.body
+        fractional = json.dumps({"timeout": 2.5}).encode()
+        reply = http.send("PUT", f"/logstores/{STORE}/consumergroups/sdk-like", HOST, fractional)
+        assert reply.status == 200, reply.body
+        groups = http.send("GET", f"/logstores/{STORE}/consumergroups", HOST).json()
+        assert {g["name"]: g["timeout"] for g in groups}["sdk-like"] == 3
+        # an empty optional parameter is the parameter left out
+        assert http.send("GET", "/logstores?offset=&size=", HOST).status == 200
+        pull = f"{SHARD}?type=log&cursor=MA%3D%3D&count=&end_cursor="
+        assert http.send("GET", pull, HOST).status == 200
+        assert http.send("GET", f"{GROUP}?shard=", HOST).status == 200

@@ -138,6 +138,10 @@ class _Call:
         self.body = b""
         self.key_id: str | None = None  # who signed it, when keys are configured
 
+    def optional(self, name: str) -> str | None:
+        """An optional query parameter: absent and empty (``key=``) are the same, None."""
+        return self.query.get(name) or None
+
     def need_project(self) -> str:
         if self.project is None:
             raise ProjectNotExist("the Host header names no project (<project>.<host>)")
@@ -179,8 +183,8 @@ def _error(exc: LogHubError, request_id: str) -> Response:
 
 def _int_param(call: _Call, name: str, default: int | None = None) -> int:
     """An integer query parameter; an empty value (``offset=``) counts as absent."""
-    text = call.query.get(name, "")
-    if not text.strip():
+    text = call.optional(name)
+    if text is None or not text.strip():
         if default is None:
             raise ParameterInvalid(f"the query parameter {name} is required")
         return default
@@ -440,7 +444,7 @@ class LogHubApp:
             )
             return _json(granted, call.request_id)
         if call.method == "POST" and kind == "checkpoint":
-            force = call.query.get("forceSuccess", "true").lower() == "true"
+            force = (call.optional("forceSuccess") or "true").lower() == "true"
             await self._blocking(
                 groups.update_checkpoint,
                 project,
@@ -500,7 +504,7 @@ class LogHubApp:
         action = call.query.get("action")
         if action == "split":
             shards = await self._blocking(
-                self.service.split_shard, project, logstore, shard_id, call.query.get("key")
+                self.service.split_shard, project, logstore, shard_id, call.optional("key")
             )
         elif action == "merge":
             shards = await self._blocking(self.service.merge_shard, project, logstore, shard_id)
@@ -521,7 +525,7 @@ class LogHubApp:
             project,
             logstore,
             target,
-            call.query.get("key"),
+            call.optional("key"),
             call.body,
             headers.get("x-log-compresstype"),
             raw_size,
@@ -538,7 +542,7 @@ class LogHubApp:
             shard_id,
             call.query.get("cursor", ""),
             count,
-            call.query.get("end_cursor"),
+            call.optional("end_cursor"),
             accept,
         )
         headers = {
