@@ -30,7 +30,7 @@ from server_process import ServerProcess
 from loghub.wire.logs import make_log_group
 
 SEED = int(os.environ.get("LOGHUB_SEED", "20261125"))
-ANONYMOUS_REQUESTS = 20_000
+ANONYMOUS_REQUESTS = 12_000
 SIGNED_REQUESTS = 1_500
 PROJECT = "fuzz"
 KEEP = "keep"  # never named by a fuzzed request
@@ -249,7 +249,56 @@ def _query(rng: random.Random) -> list[tuple[str, str]]:
     return query
 
 
+CURSORS = ["MA==", "MQ==", "Mg==", "MTA=", "MTAwMDAwMDA=", "", "²", "LTE=", "////", "MA"]
+
+
+def _api_call(rng: random.Random) -> tuple[str, str, list[tuple[str, str]], Headers, bytes]:
+    """A call of the real API on the fuzzed logstore, before mutation."""
+    shard = f"/logstores/{STORE}/shards/{rng.choice(['0', '1'])}"
+    group = f"/logstores/{STORE}/consumergroups/cg"
+    cursor = rng.choice(CURSORS)
+    kind = rng.randrange(8)
+    if kind == 0:
+        return "GET", shard, [("type", "log"), ("cursor", cursor), ("count", "10")], [], b""
+    if kind == 1:
+        position = rng.choice(["begin", "end", "1700000000", "0"])
+        return "GET", shard, [("type", "cursor"), ("from", position)], [], b""
+    if kind == 2:
+        return "GET", shard, [("type", "cursor_time"), ("cursor", cursor)], [], b""
+    if kind == 3:
+        headers = [("x-log-bodyrawsize", "0")]
+        return "POST", shard, [], headers, _group(rng)
+    if kind == 4:
+        query = [("type", "heartbeat"), ("consumer", "c1")]
+        return "POST", group, query, [], rng.choice([b"[]", b"[0]", b"[0, 1]"])
+    if kind == 5:
+        body = json.dumps({"shard": rng.choice([0, 1]), "checkpoint": cursor}).encode()
+        query = [("type", "checkpoint"), ("consumer", "c1"), ("forceSuccess", "true")]
+        return "POST", group, query, [], body
+    if kind == 6:
+        return "GET", group, [("shard", rng.choice(["0", "1", "-1"]))], [], b""
+    return "GET", "/logstores", [("offset", "0"), ("size", "10")], [], b""
+
+
+def _mutated_api_call(rng: random.Random) -> tuple[str, str, Headers, bytes]:
+    method, path, query, headers, body = _api_call(rng)
+    mutation = rng.randrange(5)
+    if mutation == 0 and query:
+        index = rng.randrange(len(query))
+        query[index] = (query[index][0], rng.choice(QUERY_VALUES))
+    elif mutation == 1:
+        headers = [*headers, (rng.choice(HEADER_NAMES), rng.choice(HEADER_VALUES))]
+    elif mutation == 2:
+        body = _body(rng)
+    elif mutation == 3 and query:
+        query = query[1:]
+    target = path + ("?" + "&".join(f"{quote(k)}={quote(v)}" for k, v in query) if query else "")
+    return method, target, [("Host", f"{PROJECT}.127.0.0.1"), *headers], body
+
+
 def _request(rng: random.Random) -> tuple[str, str, Headers, bytes]:
+    if rng.random() < 0.4:
+        return _mutated_api_call(rng)
     method = rng.choice(["GET", "GET", "POST", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"])
     path = _path(rng)
     host = rng.choice(HOSTS)
@@ -476,3 +525,15 @@ def test_integral_float_timeouts_and_empty_optional_parameters_are_accepted(
         pull = f"{SHARD}?type=log&cursor=MA%3D%3D&count=&end_cursor="
         assert http.send("GET", pull, HOST).status == 200
         assert http.send("GET", f"{GROUP}?shard=", HOST).status == 200
+
+
+def test_an_error_names_no_path_of_the_data_directory(anonymous_server: ServerProcess) -> None:
+    """A cursor past the end is refused by storage with the shard's directory in its message;
+    the reply carries the refusal, not the directory."""
+    with RawConnection(anonymous_server.port) as http:
+        _setup(http, sign=False)
+        reply = http.send("GET", f"{SHARD}?type=log&cursor=MTAwMDAwMDA%3D&count=10", HOST)
+    assert (reply.status, reply.error_code()) == (400, "InvalidCursor"), reply.body
+    body = reply.body.decode()
+    assert str(anonymous_server.data_dir.resolve()) not in body
+    assert "<data dir>" in body

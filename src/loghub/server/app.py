@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
@@ -201,6 +203,10 @@ class LogHubApp:
         )
         self._background: list[asyncio.Task[None]] = []
         self._auth = Authenticator(self.config)
+        data_dirs = {str(self.config.data_dir), str(self.config.data_dir.resolve())}
+        self._data_dir_paths = re.compile(
+            "|".join(re.escape(d) + r"[^\s\"']*" for d in sorted(data_dirs, key=len, reverse=True))
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -218,12 +224,23 @@ class LogHubApp:
             log.error("request %s %s: %s", scope.get("method"), scope.get("path"), exc)
             response = _error(LogHubError("internal storage error"), request_id)
         except LogHubError as exc:
-            response = _error(exc, request_id)
+            response = _error(self._without_paths(exc), request_id)
         except Exception:
             log.exception("request %s %s failed", scope.get("method"), scope.get("path"))
             response = _error(LogHubError("internal server error"), request_id)
         await response(scope, receive, send)
         self._count(request, response.status_code, time.perf_counter() - started)
+
+    def _without_paths(self, exc: LogHubError) -> LogHubError:
+        """The error with every path under the data directory cut from its message: where
+        the server keeps its files is nobody's business over HTTP (the lower layers name
+        them for the server's own log)."""
+        scrubbed = self._data_dir_paths.sub("<data dir>", exc.message)
+        if scrubbed == exc.message:
+            return exc
+        clean = copy.copy(exc)
+        clean.message = scrubbed
+        return clean
 
     def _count(self, request: Request, status: int, elapsed_s: float) -> None:
         path: str = request.scope["path"]
