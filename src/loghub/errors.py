@@ -33,7 +33,7 @@ body, so an error means the same thing on both sides of the wire: the server tur
     │   ├── InvalidAccessKeyId
     │   ├── SignatureNotMatch
     │   ├── RequestTimeTooSkewed        the request date is too far from the server's clock
-    │   └── SignatureReused             a v1 signature seen before with another Host (503:
+    │   └── SignatureReused             a v1 signature seen before for another project (503:
     │                                   a replay, or a coincidence that a re-signed retry ends)
     ├── CoordinationError
     │   ├── LeaseLostError

@@ -8,11 +8,12 @@ refuses a second copy of any header that routing or a signature reads):
 2. Replay across projects (v1 only). Signature v1 does not cover ``Host``, and the project
    is carried by ``Host`` alone, so a captured v1 request would verify just as well when sent
    again to another project. Each v1 signature is therefore bound, for as long as its date is
-   acceptable, to the ``Host`` it was first seen with; the same signature with another
-   ``Host`` is refused with 503 ``SignatureReused``. Not a 4xx: two byte-identical v1
-   requests to two projects in the same second (dates have one-second resolution) carry the
-   same signature too, and the SDK retries a 5xx after a second, signed anew, which then
-   passes; a replay cannot be signed anew. v4 signs ``Host`` and needs no such memory.
+   acceptable, to the project its ``Host`` named when it was first accepted; the same
+   signature for another project is refused with 503 ``SignatureReused``. Not a 4xx: two
+   byte-identical v1 requests to two projects in the same second (dates have one-second
+   resolution) carry the same signature too, and the SDK retries a 5xx after a second,
+   signed anew, which then passes; a replay cannot be signed anew. v4 signs ``Host`` and
+   needs no such memory.
 3. The key's grant (``KeyGrant``): the project must be one the key names (or ``*``), and an
    operation that changes something needs ``"access": "write"``. Consumer-group operations
    (create, update, heartbeat, checkpoint) count as reading: they are what a consumer with a
@@ -58,7 +59,7 @@ class Authenticator:
         self._keys = config.keys
         self._grants = config.key_grants
         self._skew_s_max = float(config.limits.clock_skew_s_max)
-        # v1 Authorization value -> (Host it was first seen with, request time in seconds)
+        # v1 Authorization value -> (project it was first seen with ("" for none), when)
         self._v1_hosts: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
     def authenticate(
@@ -83,7 +84,7 @@ class Authenticator:
         if project is not None:
             self._authorize(verified.access_key_id, project, write)
         if verified.version == "v1":
-            self._bind_v1(headers["authorization"], headers.get("host", ""), now_s)
+            self._bind_v1(headers["authorization"], project or "", now_s)
         return verified.access_key_id
 
     def _authorize(self, key_id: str, project: str, write: bool) -> None:
@@ -116,19 +117,17 @@ class Authenticator:
         if expected is None or not hmac.compare_digest(expected.encode(), secret.encode()):
             raise Unauthorized("unknown key id or wrong secret")
 
-    def _bind_v1(self, authorization: str, host: str, now_s: float) -> None:
-        host = host.strip().lower()
+    def _bind_v1(self, authorization: str, project: str, now_s: float) -> None:
         self._forget_expired(now_s)
         seen = self._v1_hosts.get(authorization)
         if seen is None:
-            self._v1_hosts[authorization] = (host, now_s)
+            self._v1_hosts[authorization] = (project, now_s)
             if len(self._v1_hosts) > _V1_SIGNATURES_MAX:
                 self._v1_hosts.popitem(last=False)
             return
-        if seen[0] != host:
+        if seen[0] != project:
             raise SignatureReused(
-                "this v1 signature was already used with another Host (project): sign the "
-                "request again"
+                "this v1 signature was already used for another project: sign the request again"
             )
 
     def _forget_expired(self, now_s: float) -> None:
