@@ -87,7 +87,11 @@ def serve(
         str | None, typer.Option(help="metadata database URL (default: SQLite in data dir)")
     ] = None,
     keys_file: Annotated[
-        Path | None, typer.Option(help='JSON file of access keys {"id": "secret"}')
+        Path | None,
+        typer.Option(
+            help='JSON file of access keys {"id": "secret"} or'
+            ' {"id": {"secret", "projects", "access"}}'
+        ),
     ] = None,
     fsync: Annotated[str, typer.Option(help="always (group commit) or interval")] = "always",
     fsync_interval_ms: Annotated[int, typer.Option(help="with --fsync interval")] = 1000,
@@ -123,7 +127,7 @@ def serve(
     ] = ShardQuota.read_bytes_per_s,
 ) -> None:
     """Run a LogHub server."""
-    from loghub.server import ServerConfig, load_keys
+    from loghub.server import ServerConfig, load_key_grants, load_keys
     from loghub.server import serve as run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -136,6 +140,7 @@ def serve(
         port=port,
         database_url=database_url,
         keys=load_keys(keys_file),
+        key_grants=load_key_grants(keys_file),
         base_hosts=ServerConfig.base_hosts + tuple(h.lower() for h in public_host or ()),
         fsync_policy=policy,
         fsync_interval_ms=fsync_interval_ms,

@@ -32,7 +32,9 @@ body, so an error means the same thing on both sides of the wire: the server tur
     │   ├── Unauthorized                no or malformed credentials
     │   ├── InvalidAccessKeyId
     │   ├── SignatureNotMatch
-    │   └── RequestTimeTooSkewed        the request date is too far from the server's clock
+    │   ├── RequestTimeTooSkewed        the request date is too far from the server's clock
+    │   └── SignatureReused             a v1 signature seen before for another project (503:
+    │                                   a replay, or a coincidence that a re-signed retry ends)
     ├── CoordinationError
     │   ├── LeaseLostError
     │   └── IllegalTransition           a state machine was asked for a move it does not allow
@@ -84,6 +86,7 @@ __all__ = [
     "ShardReadQuotaExceed",
     "ShardWriteQuotaExceed",
     "SignatureNotMatch",
+    "SignatureReused",
     "StorageClosedError",
     "StorageError",
     "TransportError",
@@ -218,6 +221,13 @@ class SignatureNotMatch(AuthError):
 
 class RequestTimeTooSkewed(AuthError):
     code = "RequestTimeTooSkewed"
+
+
+class SignatureReused(AuthError):
+    """The server cannot tell a replay from two identical v1 requests to two projects in
+    one second, so it answers with a status the SDK retries, and the retry is signed anew."""
+
+    code = "SignatureReused"
 
 
 class CoordinationError(LogHubError):

@@ -18,11 +18,19 @@ from hypothesis import strategies as st
 from loghub.errors import (
     AuthError,
     InvalidAccessKeyId,
+    ParameterInvalid,
     RequestTimeTooSkewed,
     SignatureNotMatch,
     Unauthorized,
 )
-from loghub.wire.signing import Credentials, VerifiedRequest, sign_v1, sign_v4, verify
+from loghub.wire.signing import (
+    Credentials,
+    VerifiedRequest,
+    header_map,
+    sign_v1,
+    sign_v4,
+    verify,
+)
 
 NOW_S = float(calendar.timegm((2024, 1, 1, 0, 0, 0)))
 CREDENTIALS = Credentials("ak", "sk")
@@ -329,7 +337,15 @@ def test_v1_without_any_date_is_unauthorized() -> None:
         verify("POST", PATH, "type=log", headers, b"{}", lookup, NOW_S)
 
 
-@pytest.mark.parametrize("date", ["yesterday", "", "Mon, 99 Jan 2024 00:00:00 GMT"])
+@pytest.mark.parametrize(
+    "date",
+    [
+        "yesterday",
+        "",
+        "Mon, 99 Jan 2024 00:00:00 GMT",
+        "Mon, 01 Jan 99999999999 00:00:00 GMT",  # parsed, then OverflowError in timegm
+    ],
+)
 def test_v1_unparseable_date_is_unauthorized(date: str) -> None:
     headers = signed(signer_v1)
     headers["date"] = headers["x-log-date"] = date
@@ -337,7 +353,16 @@ def test_v1_unparseable_date_is_unauthorized(date: str) -> None:
         verify("POST", PATH, "type=log", headers, b"{}", lookup, NOW_S)
 
 
-@pytest.mark.parametrize("date", ["20240101", "2024-01-01T00:00:00Z", "20240102T000000Z"])
+@pytest.mark.parametrize(
+    "date",
+    [
+        "20240101",
+        "2024-01-01T00:00:00Z",
+        "20240102T000000Z",
+        "99999999999T000000Z",
+        "00000101T000000Z",
+    ],
+)
 def test_v4_bad_or_mismatched_date_is_refused(date: str) -> None:
     headers = signed(signer_v4)
     headers["x-log-date"] = date
@@ -453,3 +478,39 @@ def test_we_sign_as_the_sdk_does(version: str) -> None:
     else:
         sign_v4("POST", PATH, list(params.items()), ours, body, CREDENTIALS, "cn-local", now_s)
     assert {k.lower(): v for k, v in ours.items()} == {k.lower(): v for k, v in sdk.items()}
+
+
+# ---------------------------------------------------------------- one value per signed header
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Host",
+        "host",
+        "Authorization",
+        "Date",
+        "Content-MD5",
+        "Content-Type",
+        "x-log-date",
+        "x-log-bodyrawsize",
+        "x-acs-security-token",
+        "Content-Length",
+    ],
+)
+def test_a_second_copy_of_a_routed_or_signed_header_is_refused(name: str) -> None:
+    with pytest.raises(ParameterInvalid, match="more than once"):
+        header_map([(name, "a"), ("accept", "*/*"), (name.upper(), "a")])
+
+
+def test_other_repeated_headers_keep_their_last_copy() -> None:
+    mapping = header_map([("Accept-Encoding", "lz4"), ("accept-encoding", "gzip"), ("HOST", "h")])
+    assert mapping == {"accept-encoding": "gzip", "host": "h"}
+
+
+@pytest.mark.parametrize("sign", [signer_v1, signer_v4])
+def test_verify_refuses_names_that_differ_in_case_only(sign: Signer) -> None:
+    headers = signed(sign)
+    headers["Host"] = "other.127.0.0.1"
+    with pytest.raises(ParameterInvalid):
+        verify("POST", PATH, "type=log", headers, b"{}", lookup, NOW_S)

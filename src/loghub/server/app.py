@@ -4,7 +4,16 @@ Routing follows the protocol reference: the project comes from the first label o
 header (``<project>.<base host>``), never from the path, and one path often carries several
 operations told apart by the method and the `type` or `action` query parameter. Absolute-form
 request targets (``GET http://proj.127.0.0.1:8080/logstores HTTP/1.1``, what the SDK sends
-through ``HTTP_PROXY``) reach here as plain paths: uvicorn's parser keeps only path and query.
+through ``HTTP_PROXY``) reach here as plain paths: uvicorn's httptools parser keeps only path
+and query (``raw_path`` holds no authority), so the authority of such a target can neither
+route nor conflict; `Host` alone routes, and it is the `Host` the signature covers. A target
+that still is not a path (another HTTP parser) is refused.
+
+Headers are read once into one mapping (``header_map``): a second `Host`, or a second copy
+of any header a signature covers, is refused with 400 before routing or verifying, so the
+project a request is routed to is the one its signature was checked against. Query
+parameters likewise: each name once. Numbers in the path, the query, headers and JSON bodies
+are read by ``wire/values.py`` (ASCII digits only, bounded), JSON by its bounded reader.
 
 Every failure becomes ``{"errorCode", "errorMessage", "requestId"}`` with the status from
 ``server/errors.py``; an unexpected exception is logged and answered with 500
@@ -15,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
@@ -35,8 +46,10 @@ from loghub.errors import (
     PostBodyInvalid,
     PostBodyTooLarge,
     ProjectNotExist,
+    SignatureReused,
     StorageError,
 )
+from loghub.server.auth import Authenticator, needs_write
 from loghub.server.config import ServerConfig
 from loghub.server.errors import http_status
 from loghub.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -44,7 +57,8 @@ from loghub.server.metrics import api_label
 from loghub.server.service import LogHubService, parse_shard_id
 from loghub.wire.compression import choose_response_compression
 from loghub.wire.errors import error_body
-from loghub.wire.signing import verify
+from loghub.wire.signing import header_map
+from loghub.wire.values import loads_json, parse_decimal
 
 __all__ = ["LogHubApp", "build_app", "project_from_host"]
 
@@ -82,21 +96,53 @@ def _is_ip(host: str) -> bool:
     return len(parts) == 4 and all(p.isdigit() for p in parts)
 
 
+def _headers(scope: Scope) -> dict[str, str]:
+    """The request's headers, once each (see ``header_map``); latin-1 as HTTP/1.1 allows."""
+    raw: list[tuple[bytes, bytes]] = scope["headers"]
+    return header_map((name.decode("latin-1"), value.decode("latin-1")) for name, value in raw)
+
+
+def _query(raw_query: bytes) -> dict[str, str]:
+    pairs = parse_qsl(raw_query.decode("latin-1"), keep_blank_values=True)
+    query = dict(pairs)
+    if len(query) != len(pairs):
+        raise ParameterInvalid("a query parameter appears more than once")
+    return query
+
+
 class _Call:
     """One request, parsed once: what every handler needs."""
 
-    __slots__ = ("body", "method", "path", "parts", "project", "query", "request", "request_id")
+    __slots__ = (
+        "body",
+        "headers",
+        "key_id",
+        "method",
+        "path",
+        "parts",
+        "project",
+        "query",
+        "request",
+        "request_id",
+    )
 
-    def __init__(self, request: Request, request_id: str, project: str | None) -> None:
+    def __init__(
+        self, request: Request, request_id: str, headers: dict[str, str], project: str | None
+    ) -> None:
         self.request = request
         self.request_id = request_id
+        self.headers = headers
         self.project = project
         self.method: str = request.method
         self.path: str = request.scope["path"]
         self.parts = [p for p in self.path.split("/") if p]
-        raw_query: bytes = request.scope.get("query_string", b"")
-        self.query = dict(parse_qsl(raw_query.decode("latin-1"), keep_blank_values=True))
+        self.query = _query(request.scope.get("query_string", b""))
         self.body = b""
+        self.key_id: str | None = None  # who signed it, when keys are configured
+
+    def optional(self, name: str) -> str | None:
+        """An optional query parameter: absent and empty (``key=``) are the same, None."""
+        return self.query.get(name) or None
 
     def need_project(self) -> str:
         if self.project is None:
@@ -104,10 +150,7 @@ class _Call:
         return self.project
 
     def json_body(self) -> Any:
-        try:
-            return json.loads(self.body) if self.body else None
-        except ValueError as exc:
-            raise PostBodyInvalid(f"the body is not valid JSON: {exc}") from exc
+        return loads_json(self.body, PostBodyInvalid) if self.body else None
 
     def json_object(self) -> dict[str, Any]:
         value = self.json_body()
@@ -129,24 +172,25 @@ def _empty(request_id: str) -> Response:
 
 
 def _error(exc: LogHubError, request_id: str) -> Response:
+    headers = {"x-log-requestid": request_id}
+    if isinstance(exc, SignatureReused):
+        headers["retry-after"] = "1"  # a new second, a new date, a new signature
     return Response(
         error_body(exc.code, exc.message, request_id),
         status_code=http_status(exc),
         media_type=_JSON,
-        headers={"x-log-requestid": request_id},
+        headers=headers,
     )
 
 
 def _int_param(call: _Call, name: str, default: int | None = None) -> int:
-    text = call.query.get(name)
-    if text is None:
+    """An integer query parameter; an empty value (``offset=``) counts as absent."""
+    text = call.optional(name)
+    if text is None or not text.strip():
         if default is None:
             raise ParameterInvalid(f"the query parameter {name} is required")
         return default
-    text = text.strip()
-    if not text.lstrip("-").isdigit() or len(text) > 12:
-        raise ParameterInvalid(f"{name} must be an integer, not {text!r}")
-    return int(text)
+    return parse_decimal(text, name, ParameterInvalid, negative=True, digits_max=12)
 
 
 class LogHubApp:
@@ -158,6 +202,11 @@ class LogHubApp:
             self.config.storage_threads, thread_name_prefix="loghub-storage"
         )
         self._background: list[asyncio.Task[None]] = []
+        self._auth = Authenticator(self.config)
+        data_dirs = {str(self.config.data_dir), str(self.config.data_dir.resolve())}
+        self._data_dir_paths = re.compile(
+            "|".join(re.escape(d) + r"[^\s\"']*" for d in sorted(data_dirs, key=len, reverse=True))
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -175,12 +224,23 @@ class LogHubApp:
             log.error("request %s %s: %s", scope.get("method"), scope.get("path"), exc)
             response = _error(LogHubError("internal storage error"), request_id)
         except LogHubError as exc:
-            response = _error(exc, request_id)
+            response = _error(self._without_paths(exc), request_id)
         except Exception:
             log.exception("request %s %s failed", scope.get("method"), scope.get("path"))
             response = _error(LogHubError("internal server error"), request_id)
         await response(scope, receive, send)
         self._count(request, response.status_code, time.perf_counter() - started)
+
+    def _without_paths(self, exc: LogHubError) -> LogHubError:
+        """The error with every path under the data directory cut from its message: where
+        the server keeps its files is nobody's business over HTTP (the lower layers name
+        them for the server's own log)."""
+        scrubbed = self._data_dir_paths.sub("<data dir>", exc.message)
+        if scrubbed == exc.message:
+            return exc
+        clean = copy.copy(exc)
+        clean.message = scrubbed
+        return clean
 
     def _count(self, request: Request, status: int, elapsed_s: float) -> None:
         path: str = request.scope["path"]
@@ -257,28 +317,39 @@ class LogHubApp:
         return b"".join(chunks)
 
     async def _handle(self, request: Request, request_id: str) -> Response:
-        if request.scope["path"] == "/health":
+        scope = request.scope
+        if scope["path"] == "/health":
             return _json({"status": "ok", "pid": os.getpid()}, request_id)
-        if request.scope["path"] == "/metrics":
+        if not scope["path"].startswith("/"):
+            raise ParameterInvalid("the request target must be a path (origin-form)")
+        headers = _headers(scope)
+        if scope["path"] == "/metrics":
+            if self.config.auth_enabled:
+                self._auth.authenticate_metrics(
+                    request.method,
+                    scope["path"],
+                    scope.get("query_string", b""),
+                    headers,
+                    self.clock.wall_ms() / 1000,
+                )
             return Response(self.service.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
-        project = project_from_host(request.headers.get("host", ""), self.config.base_hosts)
-        call = _Call(request, request_id, project)
+        project = project_from_host(headers.get("host", ""), self.config.base_hosts)
+        call = _Call(request, request_id, headers, project)
         call.body = await self._read_body(request)
         if self.config.auth_enabled:
             self._authenticate(call)
         return await self._route(call)
 
     def _authenticate(self, call: _Call) -> None:
-        headers = {k.lower(): v for k, v in call.request.headers.items()}
-        verify(
+        call.key_id = self._auth.authenticate(
             call.method,
             call.path,
             call.request.scope.get("query_string", b""),
-            headers,
+            call.headers,
             call.body,
-            self.config.keys.get,
             self.clock.wall_ms() / 1000,
-            float(self.config.limits.clock_skew_s_max),
+            call.project,
+            needs_write(call.method, call.parts),
         )
 
     async def _route(self, call: _Call) -> Response:
@@ -309,7 +380,16 @@ class LogHubApp:
                 raise ParameterInvalid(f"unsupported API: {call.method} / without a project")
             offset = _int_param(call, "offset", 0)
             size = _int_param(call, "size", 500)
-            projects, total = meta.list_projects(offset, size, call.query.get("projectName", ""))
+            name = call.query.get("projectName", "")
+            grant = None if call.key_id is None else self._auth.grant(call.key_id)
+            if grant is None or grant.all_projects:
+                projects, total = meta.list_projects(offset, size, name)
+            else:
+                # a key limited to some projects sees only those
+                meta.list_projects(offset, 0, name)  # the same checks of offset and size
+                everything = meta.list_projects(0, 1_000_000, name)[0]
+                visible = [p for p in everything if grant.allows(p.name, False)]
+                projects, total = visible[offset : offset + max(size, 0)], len(visible)
             return _json(
                 {
                     "count": len(projects),
@@ -381,7 +461,7 @@ class LogHubApp:
             )
             return _json(granted, call.request_id)
         if call.method == "POST" and kind == "checkpoint":
-            force = call.query.get("forceSuccess", "true").lower() == "true"
+            force = (call.optional("forceSuccess") or "true").lower() == "true"
             await self._blocking(
                 groups.update_checkpoint,
                 project,
@@ -393,8 +473,8 @@ class LogHubApp:
             )
             return _empty(call.request_id)
         if call.method == "GET":
-            shard = call.query.get("shard")
-            shard_id = None if shard is None else _int_param(call, "shard")
+            # absent, empty or negative: every shard
+            shard_id: int | None = _int_param(call, "shard", -1)
             if shard_id is not None and shard_id < 0:
                 shard_id = None
             checkpoints = groups.get_checkpoints(project, logstore, name, shard_id)
@@ -441,7 +521,7 @@ class LogHubApp:
         action = call.query.get("action")
         if action == "split":
             shards = await self._blocking(
-                self.service.split_shard, project, logstore, shard_id, call.query.get("key")
+                self.service.split_shard, project, logstore, shard_id, call.optional("key")
             )
         elif action == "merge":
             shards = await self._blocking(self.service.merge_shard, project, logstore, shard_id)
@@ -450,15 +530,19 @@ class LogHubApp:
         return _json([self.service.shard_json(s) for s in shards], call.request_id)
 
     async def _put_logs(self, call: _Call, project: str, logstore: str, target: str) -> Response:
-        headers = call.request.headers
-        raw_size_text = headers.get("x-log-bodyrawsize")
-        raw_size = int(raw_size_text) if raw_size_text and raw_size_text.strip().isdigit() else None
+        headers = call.headers
+        raw_size_text = headers.get("x-log-bodyrawsize", "")
+        raw_size = (
+            parse_decimal(raw_size_text, "x-log-bodyrawsize", PostBodyInvalid)
+            if raw_size_text.strip()
+            else None
+        )
         await self._blocking(
             self.service.put_logs,
             project,
             logstore,
             target,
-            call.query.get("key"),
+            call.optional("key"),
             call.body,
             headers.get("x-log-compresstype"),
             raw_size,
@@ -467,7 +551,7 @@ class LogHubApp:
 
     async def _pull_logs(self, call: _Call, project: str, logstore: str, shard_id: int) -> Response:
         count = _int_param(call, "count", 1000)
-        accept = choose_response_compression(call.request.headers.get("accept-encoding"))
+        accept = choose_response_compression(call.headers.get("accept-encoding"))
         result = await self._blocking(
             self.service.pull_logs,
             project,
@@ -475,7 +559,7 @@ class LogHubApp:
             shard_id,
             call.query.get("cursor", ""),
             count,
-            call.query.get("end_cursor"),
+            call.optional("end_cursor"),
             accept,
         )
         headers = {

@@ -17,10 +17,36 @@ from typing import Literal
 from loghub.errors import ParameterInvalid
 from loghub.server.quotas import ShardQuota
 
-__all__ = ["Limits", "ServerConfig", "is_loopback_host", "load_keys"]
+__all__ = [
+    "KeyGrant",
+    "Limits",
+    "ServerConfig",
+    "is_loopback_host",
+    "load_key_grants",
+    "load_keys",
+]
 
 KEYS_ENV_ID = "LOGHUB_ACCESS_KEY_ID"
 KEYS_ENV_SECRET = "LOGHUB_ACCESS_KEY_SECRET"
+
+
+@dataclass(frozen=True)
+class KeyGrant:
+    """What one access key may touch: projects by name (``*`` for all) and whether it may
+    only read or also write (write implies read). A key without a grant may do everything,
+    as every key could before grants existed."""
+
+    projects: frozenset[str] = frozenset({"*"})
+    access: Literal["read", "write"] = "write"
+
+    def allows(self, project: str, write: bool) -> bool:
+        if write and self.access != "write":
+            return False
+        return "*" in self.projects or project in self.projects
+
+    @property
+    def all_projects(self) -> bool:
+        return "*" in self.projects
 
 
 @dataclass(frozen=True)
@@ -50,6 +76,8 @@ class ServerConfig:
     database_url: str | None = None
     # access key id -> secret; empty means anonymous (loopback only).
     keys: Mapping[str, str] = field(default_factory=dict)
+    # access key id -> what it may touch; a key not listed here may touch everything.
+    key_grants: Mapping[str, KeyGrant] = field(default_factory=dict)
     # Host names that carry no project (a request to `<project>.<base>` is for <project>).
     base_hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "::1", "[::1]")
     fsync_policy: Literal["always", "interval"] = "always"
@@ -103,21 +131,17 @@ def is_loopback_host(host: str) -> bool:
 
 
 def load_keys(keys_file: Path | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """Access keys from a JSON file (`{"<key id>": "<secret>", ...}`) and/or the environment.
+    """Access keys (id -> secret) from a JSON file and/or the environment.
 
-    The environment pair is the quick way for one key; the file is for several.
+    The environment pair is the quick way for one key; the file is for several. The file is
+    an object of key id to either its secret (``{"ak": "sk"}``, a key that may do
+    everything) or an object ``{"secret": ..., "projects": [...], "access": "read"|"write"}``
+    (see ``load_key_grants``). Error messages name the file and the key id, never a secret.
     """
     keys: dict[str, str] = {}
     if keys_file is not None:
-        try:
-            loaded = json.loads(keys_file.read_text())
-        except (OSError, ValueError) as exc:
-            raise ParameterInvalid(f"cannot read keys file {keys_file}: {exc}") from exc
-        if not isinstance(loaded, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and k and v for k, v in loaded.items()
-        ):
-            raise ParameterInvalid(f"keys file {keys_file} must be a JSON object of id: secret")
-        keys.update(loaded)
+        for key_id, (secret, _grant) in _read_keys_file(keys_file).items():
+            keys[key_id] = secret
     key_id = environ.get(KEYS_ENV_ID, "")
     secret = environ.get(KEYS_ENV_SECRET, "")
     if key_id and secret:
@@ -125,3 +149,58 @@ def load_keys(keys_file: Path | None, environ: Mapping[str, str] = os.environ) -
     elif key_id or secret:
         raise ParameterInvalid(f"set both {KEYS_ENV_ID} and {KEYS_ENV_SECRET}, or neither")
     return keys
+
+
+def load_key_grants(keys_file: Path | None) -> dict[str, KeyGrant]:
+    """The grants of the keys file's keys that are limited (to some projects, or to read);
+    keys given by their secret alone, and the environment's key, are not limited."""
+    if keys_file is None:
+        return {}
+    return {
+        key_id: grant
+        for key_id, (_secret, grant) in _read_keys_file(keys_file).items()
+        if grant is not None
+    }
+
+
+def _read_keys_file(keys_file: Path) -> dict[str, tuple[str, KeyGrant | None]]:
+    try:
+        loaded = json.loads(keys_file.read_text())
+    except (OSError, ValueError) as exc:
+        # the parser's message gives a position, never the file's text
+        raise ParameterInvalid(f"cannot read keys file {keys_file}: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ParameterInvalid(f"keys file {keys_file} must be a JSON object of key id: secret")
+    entries: dict[str, tuple[str, KeyGrant | None]] = {}
+    for key_id, entry in loaded.items():
+        if not key_id:
+            raise ParameterInvalid(f"keys file {keys_file}: a key id is empty")
+        if isinstance(entry, str) and entry:
+            entries[key_id] = (entry, None)
+        elif isinstance(entry, dict):
+            entries[key_id] = _read_key_entry(keys_file, key_id, entry)
+        else:
+            raise ParameterInvalid(
+                f"keys file {keys_file}: key {key_id!r} must map to a non-empty secret or to"
+                ' {"secret", "projects", "access"}'
+            )
+    return entries
+
+
+def _read_key_entry(keys_file: Path, key_id: str, entry: dict[str, object]) -> tuple[str, KeyGrant]:
+    where = f"keys file {keys_file}: key {key_id!r}"
+    unknown = set(entry) - {"secret", "projects", "access"}
+    if unknown:
+        raise ParameterInvalid(f"{where} has unknown fields {sorted(unknown)}")
+    secret = entry.get("secret")
+    projects = entry.get("projects", ["*"])
+    access = entry.get("access", "write")
+    if not isinstance(secret, str) or not secret:
+        raise ParameterInvalid(f"{where} needs a non-empty secret")
+    if not isinstance(projects, list) or not all(isinstance(p, str) and p for p in projects):
+        raise ParameterInvalid(f'{where}: projects must be a list of names (or "*")')
+    if access not in ("read", "write"):
+        raise ParameterInvalid(f'{where}: access must be "read" or "write"')
+    # project names are lowercase (validate_project_name), as Host routing reads them
+    names = frozenset(p.lower() for p in projects)
+    return secret, KeyGrant(names, "read" if access == "read" else "write")

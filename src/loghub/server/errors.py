@@ -17,6 +17,7 @@ _STATUS: tuple[tuple[type[errors.LogHubError], int], ...] = (
     (errors.RequestError, 400),
     (errors.NotFoundError, 404),
     (errors.AlreadyExistsError, 400),
+    (errors.SignatureReused, 503),
     (errors.AuthError, 401),
     (errors.CoordinationError, 400),
     (errors.QuotaError, 403),

@@ -32,10 +32,18 @@ from loghub.errors import (
 from loghub.metadata import Checkpoint, ConsumerGroupDef, MetadataStore, Shard
 from loghub.storage import ShardLog, ShardStore
 from loghub.wire.cursor import decode_cursor
+from loghub.wire.values import json_int
 
 __all__ = ["GroupService"]
 
 GroupKey = tuple[str, str, str]
+
+# A consumer silent this long is dead. A day is longer than any sane heartbeat interval; the
+# bound keeps `timeout * 1000` a millisecond count that every clock can add.
+group_timeout_s_max = 86_400
+# Shard ids are 31-bit; a heartbeat's list is at most one entry per shard of a logstore.
+_SHARD_ID_MAX = 2**31 - 1
+_HELD_SHARDS_MAX = 4096
 
 
 @dataclass
@@ -104,10 +112,12 @@ class GroupService:
     def heartbeat(
         self, project: str, logstore: str, name: str, consumer: str, held: Any
     ) -> list[int]:
-        if not isinstance(held, list) or not all(
-            isinstance(s, int) and not isinstance(s, bool) for s in held
-        ):
+        if not isinstance(held, list) or len(held) > _HELD_SHARDS_MAX:
             raise ParameterInvalid("a heartbeat body is a JSON array of shard ids")
+        held = [
+            json_int(s, "a held shard id", ParameterInvalid, low=0, high=_SHARD_ID_MAX)
+            for s in held
+        ]
         if not consumer:
             raise ParameterInvalid("the query parameter consumer is required")
         live = self._live_group(project, logstore, name)
@@ -126,10 +136,8 @@ class GroupService:
     ) -> None:
         if not isinstance(body, dict):
             raise ParameterInvalid("the body must be a JSON object")
-        shard_id = body.get("shard")
+        shard_id = json_int(body.get("shard"), "shard", ParameterInvalid, low=0, high=_SHARD_ID_MAX)
         cursor = body.get("checkpoint")
-        if not isinstance(shard_id, int) or isinstance(shard_id, bool):
-            raise ParameterInvalid("shard (integer) is required")
         if not isinstance(cursor, str):
             raise InvalidShardCheckPoint("checkpoint (a cursor string) is required")
         shard = self._metadata.get_shard(project, logstore, shard_id)
@@ -203,6 +211,10 @@ class GroupService:
 
 
 def _timeout(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    """A group timeout in seconds. The official SDK sends ``heartbeat_interval * 2``, a float
+    such as 4.0; a fractional one is rounded up (a longer timeout is the safe side)."""
+    if value is None:
         raise ParameterInvalid("timeout (integer seconds) is required")
-    return value
+    return json_int(
+        value, "timeout", ParameterInvalid, low=1, high=group_timeout_s_max, round_up=True
+    )

@@ -39,6 +39,7 @@ from loghub.storage import ReadBatch, ShardLog, ShardStore, StorageConfig
 from loghub.wire.compression import compress
 from loghub.wire.cursor import decode_cursor, encode_cursor
 from loghub.wire.logs import frame_log_group
+from loghub.wire.values import json_int, parse_decimal
 
 __all__ = ["LogHubService", "PullResult"]
 
@@ -261,12 +262,7 @@ class LogHubService:
             return encode_cursor(shard_log.begin_seq)
         if position == "end":
             return encode_cursor(shard_log.end_seq)
-        try:
-            time_s = int(position)
-        except ValueError:
-            raise ParameterInvalid(
-                f"from must be begin, end or unix seconds, not {position!r}"
-            ) from None
+        time_s = parse_decimal(position, "from (begin, end or unix seconds)", ParameterInvalid)
         if time_s < 0 or time_s > 2**40:
             raise ParameterInvalid(f"from time {time_s} is out of range")
         return encode_cursor(shard_log.seq_for_time(time_s * 1000))
@@ -356,17 +352,16 @@ def _writable(shard: Shard) -> bool:
 
 
 def parse_shard_id(text: str) -> int:
-    if not text.isdigit() or len(text) > 9:
-        raise ShardNotExist(f"shard {text!r} does not exist")
+    """A shard id from a path: ASCII digits only (``str.isdigit`` would let ``²`` through
+    to ``int``, and ``int`` reads ``٣`` as 3)."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
+        raise ShardNotExist(f"shard {text[:40]!r} does not exist")
     return int(text)
 
 
 def _as_int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, str) and value.lstrip("-").isdigit():
-            return int(value)
-        raise LogStoreInfoInvalid(f"{key} must be an integer")
-    return value
+    # the range is validate_spec's to check; this bound only keeps the number a number
+    return json_int(value, key, LogStoreInfoInvalid, low=-(2**63), high=2**63 - 1)
 
 
 def _as_bool(value: Any, key: str) -> bool:

@@ -15,6 +15,11 @@ Header names: the ``sign_*`` functions add lowercase names (``date``, ``content-
 the headers as received, as a mapping with lowercase names (what ASGI gives) or any
 mapping whose names differ in case only (they are lowercased here).
 
+One value per signed header: a request with two ``Host`` headers (or two of any header the
+signature covers) could be checked against one copy and acted on by the other, so
+``signed_headers`` refuses such a request before anything reads it, and the caller routes by
+the very mapping that ``verify`` checks.
+
 ``path`` is the decoded URL path (as the SDK builds it, e.g. ``/logstores/ls/shards/0``).
 Time is an argument (``now_s``, unix seconds). Pure functions; thread-safe.
 """
@@ -26,7 +31,7 @@ import calendar
 import hashlib
 import hmac
 import time
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate, parsedate_to_datetime
 from typing import Literal
@@ -34,6 +39,7 @@ from urllib.parse import parse_qsl, quote
 
 from loghub.errors import (
     InvalidAccessKeyId,
+    ParameterInvalid,
     RequestTimeTooSkewed,
     SignatureNotMatch,
     Unauthorized,
@@ -42,6 +48,7 @@ from loghub.errors import (
 __all__ = [
     "Credentials",
     "VerifiedRequest",
+    "header_map",
     "sign_v1",
     "sign_v4",
     "verify",
@@ -160,12 +167,13 @@ def _verify_v1(
 
 
 def _parse_http_date(date: str) -> float:
+    # OverflowError: a year such as 99999999999 parses, then overflows the C time functions.
     try:
         parsed = parsedate_to_datetime(date)
-    except (TypeError, ValueError) as exc:
-        raise Unauthorized(f"unparseable request date {date!r}") from exc
-    # A date without a zone ("-0000") is naive; HTTP dates are GMT.
-    return float(calendar.timegm(parsed.utctimetuple()))
+        # A date without a zone ("-0000") is naive; HTTP dates are GMT.
+        return float(calendar.timegm(parsed.utctimetuple()))
+    except (TypeError, ValueError, OverflowError, IndexError) as exc:
+        raise Unauthorized(f"unparseable request date {date[:64]!r}") from exc
 
 
 # ---------------------------------------------------------------------------- v4
@@ -270,8 +278,10 @@ def _verify_v4(
     request_time = headers.get("x-log-date", "")
     try:
         request_time_s = float(calendar.timegm(time.strptime(request_time, _V4_DATE_FORMAT)))
-    except ValueError as exc:
-        raise Unauthorized(f"v4 request without a valid x-log-date ({request_time!r})") from exc
+    except (ValueError, OverflowError) as exc:
+        raise Unauthorized(
+            f"v4 request without a valid x-log-date ({request_time[:64]!r})"
+        ) from exc
     if scope_parts[0] != request_time[:8]:
         raise Unauthorized("v4 credential scope date differs from x-log-date")
     _check_skew(request_time_s, now_s, skew_s_max)
@@ -346,8 +356,32 @@ def _check_skew(request_time_s: float, now_s: float, skew_s_max: float) -> None:
         )
 
 
+def header_map(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The received headers as one mapping with lowercase names, for routing and ``verify``
+    alike; ``ParameterInvalid`` when a header that routing or a signature reads (``host``,
+    ``authorization``, ``date``, ``content-md5``, ``content-type``, ``content-length``,
+    ``x-log-*``, ``x-acs-*``) comes more than once. Other headers keep their last copy."""
+    mapping: dict[str, str] = {}
+    for raw_name, value in headers:
+        name = raw_name.lower()
+        if name in mapping and _is_single_valued(name):
+            raise ParameterInvalid(f"the header {name} appears more than once")
+        mapping[name] = value
+    return mapping
+
+
 def _lowercase_names(headers: Mapping[str, str]) -> dict[str, str]:
-    return {name.lower(): value for name, value in headers.items()}
+    # Names differing in case only are one header sent twice: refused as header_map does.
+    return header_map(headers.items())
+
+
+def _is_single_valued(name: str) -> bool:
+    return name in _SINGLE_VALUED or _is_signed_log_header(name)
+
+
+_SINGLE_VALUED = frozenset(
+    ("host", "authorization", "date", "content-md5", "content-type", "content-length")
+)
 
 
 def _is_signed_log_header(name: str) -> bool:

@@ -1,0 +1,139 @@
+"""Numbers and JSON as a request carries them: one strict reading for every front end.
+
+Python's own readers are too generous for input from the network, and in ways that end in a
+500 rather than a refusal: ``int()`` takes Unicode digits (``"٣"`` is 3, while ``"²"`` and
+``"①"`` pass ``str.isdigit()`` and then make ``int()`` fail), signs and underscores
+(``"+1"``, ``"1_0"``); ``json.loads`` recurses once per nesting level (``RecursionError`` on
+a body nested 10,000 deep) and converts any integer literal (``ValueError`` past 4,300
+digits). The functions here accept only ASCII decimal digits of bounded length, JSON of
+bounded depth and number size, and raise the error class the caller names, so every bad
+value becomes the 4xx code that fits where it was found.
+
+Pure functions; thread-safe.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from loghub.errors import LogHubError, PostBodyInvalid
+
+__all__ = [
+    "JSON_DEPTH_MAX",
+    "JSON_NUMBER_CHARS_MAX",
+    "json_int",
+    "loads_json",
+    "parse_decimal",
+]
+
+# Deeper than any body of the protocol (a logstore body is 2 levels) by far; well below the
+# interpreter's recursion limit.
+JSON_DEPTH_MAX = 64
+# Longer than any 64-bit number, short enough that converting it costs nothing.
+JSON_NUMBER_CHARS_MAX = 40
+# An int64 has 19 digits; more is never a count, an offset, a size or a shard id.
+_DECIMAL_DIGITS_MAX = 19
+
+_ASCII_DECIMAL = re.compile(r"-?[0-9]+")
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_JSON_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def parse_decimal(
+    text: str,
+    name: str,
+    error: type[LogHubError],
+    *,
+    negative: bool = False,
+    digits_max: int = _DECIMAL_DIGITS_MAX,
+) -> int:
+    """The integer ``text`` writes in ASCII decimal digits (one leading ``-`` only when
+    ``negative``); ``error`` naming ``name`` otherwise. Surrounding blanks are allowed."""
+    stripped = text.strip(" \t")
+    if (
+        _ASCII_DECIMAL.fullmatch(stripped) is None
+        or (stripped.startswith("-") and not negative)
+        or len(stripped.lstrip("-")) > digits_max
+    ):
+        raise error(f"{name} must be a decimal integer, not {text[:40]!r}")
+    return int(stripped)
+
+
+def json_int(
+    value: Any,
+    name: str,
+    error: type[LogHubError],
+    *,
+    low: int,
+    high: int,
+    round_up: bool = False,
+) -> int:
+    """An integer field of a JSON body, within ``low..high``.
+
+    Takes a JSON integer, an integral float (``4.0``: the official SDK computes a consumer
+    group's timeout as ``heartbeat_interval * 2``) and a decimal string (some SDK versions
+    send numbers as strings). A fractional float is refused, or rounded up when
+    ``round_up`` (for a timeout, where more is the safe side). ``true`` is not a number.
+    """
+    number: int
+    if isinstance(value, bool):
+        raise error(f"{name} must be an integer, not {value!r}")
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and math.isfinite(value):
+        if not (value.is_integer() or round_up):
+            raise error(f"{name} must be an integer, not {value!r}")
+        number = math.ceil(value)
+    elif isinstance(value, str):
+        number = parse_decimal(value, name, error, negative=low < 0)
+    else:
+        raise error(f"{name} must be an integer, not {str(value)[:40]!r}")
+    if not low <= number <= high:
+        raise error(f"{name} must be from {low} to {high}, not {number}")
+    return number
+
+
+def loads_json(body: bytes, error: type[LogHubError] = PostBodyInvalid) -> Any:
+    """A JSON body, or ``error``: invalid UTF-8 or JSON, nesting deeper than
+    ``JSON_DEPTH_MAX``, a number literal longer than ``JSON_NUMBER_CHARS_MAX``, NaN or
+    Infinity."""
+    _check_depth(body, error)
+    try:
+        return json.loads(
+            body,
+            parse_int=_json_int_literal,
+            parse_float=_json_float_literal,
+            parse_constant=_json_constant,
+        )
+    except (ValueError, RecursionError) as exc:
+        raise error(f"the body is not valid JSON: {str(exc)[:200]}") from None
+
+
+def _check_depth(body: bytes, error: type[LogHubError]) -> None:
+    # Most bodies have fewer brackets than the limit: nothing to count.
+    if body.count(b"[") + body.count(b"{") <= JSON_DEPTH_MAX:
+        return
+    depth = 0
+    for match in _JSON_BRACKET.finditer(_JSON_STRING.sub(b'""', body)):
+        depth += 1 if match.group() in (b"[", b"{") else -1
+        if depth > JSON_DEPTH_MAX:
+            raise error(f"the body is nested deeper than {JSON_DEPTH_MAX} levels")
+
+
+def _json_int_literal(text: str) -> int:
+    if len(text) > JSON_NUMBER_CHARS_MAX:
+        raise ValueError(f"a number longer than {JSON_NUMBER_CHARS_MAX} characters")
+    return int(text)
+
+
+def _json_float_literal(text: str) -> float:
+    if len(text) > JSON_NUMBER_CHARS_MAX:
+        raise ValueError(f"a number longer than {JSON_NUMBER_CHARS_MAX} characters")
+    return float(text)
+
+
+def _json_constant(text: str) -> float:
+    raise ValueError(f"{text} is not a JSON number")

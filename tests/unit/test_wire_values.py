@@ -1,0 +1,90 @@
+"""Numbers and JSON from requests: ASCII digits only, bounded, and every refusal the error
+class the caller names (never ValueError, OverflowError or RecursionError)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loghub.errors import LogStoreInfoInvalid, ParameterInvalid, PostBodyInvalid
+from loghub.wire.values import JSON_DEPTH_MAX, json_int, loads_json, parse_decimal
+
+
+@pytest.mark.parametrize(("text", "number"), [("0", 0), ("12", 12), (" 7 ", 7), ("-3", -3)])
+def test_ascii_decimals_are_read(text: str, number: int) -> None:
+    assert parse_decimal(text, "n", ParameterInvalid, negative=True) == number
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["²", "①", "٣", "１", "--1", "+1", "1_0", "", " ", "0x1", "1e3", "1.0", "9" * 20, "- 1"],
+)
+def test_anything_else_is_the_callers_error(text: str) -> None:
+    with pytest.raises(ParameterInvalid):
+        parse_decimal(text, "n", ParameterInvalid, negative=True)
+
+
+def test_a_minus_is_refused_where_negative_makes_no_sense() -> None:
+    with pytest.raises(ParameterInvalid):
+        parse_decimal("-1", "n", ParameterInvalid)
+
+
+@settings(derandomize=True, max_examples=300)
+@given(st.text(max_size=30))
+def test_any_text_is_a_number_or_the_callers_error(text: str) -> None:
+    try:
+        number = parse_decimal(text, "n", ParameterInvalid, negative=True)
+    except ParameterInvalid:
+        return
+    stripped = text.strip(" \t")
+    assert stripped.isascii() and stripped.lstrip("-").isdigit() and number == int(stripped)
+
+
+@pytest.mark.parametrize(("value", "number"), [(4, 4), (4.0, 4), ("4", 4), (" 5", 5)])
+def test_json_integers_may_be_integral_floats_or_decimal_strings(
+    value: object, number: int
+) -> None:
+    assert json_int(value, "timeout", ParameterInvalid, low=1, high=10) == number
+
+
+def test_a_fractional_timeout_is_rounded_up() -> None:
+    assert json_int(2.1, "timeout", ParameterInvalid, low=1, high=10, round_up=True) == 3
+
+
+@pytest.mark.parametrize(
+    "value", [True, None, 4.5, float("inf"), float("nan"), "²", "٣", [], {}, 11, 0, 2**70]
+)
+def test_other_json_values_are_refused(value: object) -> None:
+    with pytest.raises(LogStoreInfoInvalid):
+        json_int(value, "ttl", LogStoreInfoInvalid, low=1, high=10)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 10_000 + b"]" * 10_000,  # RecursionError in json.loads
+        b"{" * (JSON_DEPTH_MAX + 1) + b"}" * (JSON_DEPTH_MAX + 1),
+        b"9" * 5000,  # ValueError: past Python's int max str digits
+        b'{"shard": ' + b"1" * 41 + b"}",
+        b"[NaN]",
+        b"[Infinity]",
+        b"\xff\xfe",
+        b"{",
+    ],
+)
+def test_bodies_too_deep_too_long_or_not_json_are_post_body_invalid(body: bytes) -> None:
+    with pytest.raises(PostBodyInvalid):
+        loads_json(body)
+
+
+def test_brackets_inside_strings_do_not_count_as_depth() -> None:
+    body = json.dumps({"key": "[" * 1000, "list": [[1]]}).encode()
+    assert loads_json(body) == {"key": "[" * 1000, "list": [[1]]}
+
+
+def test_depth_at_the_limit_is_read() -> None:
+    body = b"[" * JSON_DEPTH_MAX + b"]" * JSON_DEPTH_MAX
+    assert loads_json(body) is not None
