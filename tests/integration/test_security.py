@@ -280,6 +280,28 @@ def test_a_v1_signature_sent_to_two_projects_is_refused_until_signed_again(
     assert http.send("GET", target("/logstores", query), again).status == 200
 
 
+def test_a_v1_signature_that_names_its_project_is_bound_to_it(http: RawConnection) -> None:
+    """LogHub's own client signs an ``x-log-project`` header in v1: identical requests to two
+    projects in one second then differ, and the header cannot be moved to another Host."""
+    now_s = time.time()
+    query = [("offset", "0"), ("size", "100")]
+    for host, project in ((ALPHA, "alpha"), (BRAVO, "bravo")):
+        headers = signed(
+            "v1", "GET", host, "/logstores", query, now_s=now_s, extra={"x-log-project": project}
+        )
+        assert http.send("GET", target("/logstores", query), headers).status == 200
+    for version in VERSIONS:
+        body = _group("named")
+        headers = signed(
+            version, "POST", ALPHA, PUT_PATH, [], body, extra={"x-log-project": "alpha"}
+        )
+        moved = http.send("POST", PUT_PATH, replace_header(headers, "host", BRAVO), body)
+        assert moved.status == 401, (version, moved.body)
+        lying = signed(version, "POST", ALPHA, PUT_PATH, [], body, extra={"x-log-project": "bravo"})
+        refused = http.send("POST", PUT_PATH, lying, body)
+        assert refused.status == 401, (version, refused.body)
+
+
 def test_a_date_in_year_99999999999_is_an_auth_error_not_a_500(http: RawConnection) -> None:
     for version in VERSIONS:
         reply = _date_in_year_99999999999(version, http)

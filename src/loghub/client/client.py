@@ -194,6 +194,9 @@ class LogHubClient:
                     method, path, query, all_headers, body, self._credentials, self._region, now_s
                 )
             else:
+                # v1 does not sign Host; a LogHub server binds the signature to the project
+                # through this signed header (the hosted service ignores unknown x-log-* ones)
+                all_headers["x-log-project"] = project or ""
                 sign_v1(method, path, query, all_headers, body, self._credentials, now_s)
         url = self._base_url + path + ("?" + urlencode(list(query)) if query else "")
         try:

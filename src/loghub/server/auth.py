@@ -13,7 +13,10 @@ refuses a second copy of any header that routing or a signature reads):
    byte-identical v1 requests to two projects in the same second (dates have one-second
    resolution) carry the same signature too, and the SDK retries a 5xx after a second,
    signed anew, which then passes; a replay cannot be signed anew. v4 signs ``Host`` and
-   needs no such memory.
+   needs no such memory, and neither does a v1 request that carries the project in a signed
+   ``x-log-project`` header (every ``x-log-*`` header is signed in v1), as LogHub's own
+   client does: the signature then binds the project by itself, and a request whose header
+   and ``Host`` disagree is refused.
 3. The key's grant (``KeyGrant``): the project must be one the key names (or ``*``), and an
    operation that changes something needs ``"access": "write"``. Consumer-group operations
    (create, update, heartbeat, checkpoint) count as reading: they are what a consumer with a
@@ -38,7 +41,10 @@ from loghub.errors import SignatureReused, Unauthorized
 from loghub.server.config import KeyGrant, ServerConfig
 from loghub.wire.signing import verify
 
-__all__ = ["Authenticator", "needs_write"]
+__all__ = ["PROJECT_HEADER", "Authenticator", "needs_write"]
+
+# A v1 request may name its project in this header; v1 signs it, so the project is bound.
+PROJECT_HEADER = "x-log-project"
 
 _FULL_ACCESS = KeyGrant()
 # Bounds the replay memory; at about 200 bytes an entry this is about 20 MiB. When it is full
@@ -83,7 +89,10 @@ class Authenticator:
         )
         if project is not None:
             self._authorize(verified.access_key_id, project, write)
-        if verified.version == "v1":
+        named = headers.get(PROJECT_HEADER)
+        if named is not None and named != (project or ""):
+            raise Unauthorized(f"the signed {PROJECT_HEADER} header names another project")
+        if verified.version == "v1" and named is None:
             self._bind_v1(headers["authorization"], project or "", now_s)
         return verified.access_key_id
 
