@@ -9,6 +9,7 @@ body, so an error means the same thing on both sides of the wire: the server tur
     ├── StorageError
     │   ├── CorruptSegmentError         a record failed its CRC or framing check on read
     │   └── StorageClosedError          the shard log was closed
+    ├── DatabaseError                   the metadata or lease database failed or is unreachable
     ├── RequestError                    the client's mistake (4xx); never retried by the SDK
     │   ├── ParameterInvalid
     │   ├── PostBodyInvalid             undecodable body, bad protobuf, wrong raw size
@@ -35,8 +36,8 @@ body, so an error means the same thing on both sides of the wire: the server tur
     │   ├── RequestTimeTooSkewed        the request date is too far from the server's clock
     │   └── SignatureReused             a v1 signature seen before for another project (503:
     │                                   a replay, or a coincidence that a re-signed retry ends)
-    ├── CoordinationError
-    │   ├── LeaseLostError
+    ├── CoordinationError               internal to coordination (500 if one reaches the server)
+    │   ├── LeaseLostError              this worker no longer holds a lease it used
     │   └── IllegalTransition           a state machine was asked for a move it does not allow
     ├── QuotaError                      over a per-shard rate quota (403); wait and try again
     │   ├── ShardWriteQuotaExceed       write bytes or write requests per second
@@ -61,6 +62,7 @@ __all__ = [
     "ConsumerNotMatch",
     "CoordinationError",
     "CorruptSegmentError",
+    "DatabaseError",
     "IllegalTransition",
     "InvalidAccessKeyId",
     "InvalidCompressType",
@@ -125,6 +127,10 @@ class CorruptSegmentError(StorageError):
 
 class StorageClosedError(StorageError):
     pass
+
+
+class DatabaseError(LogHubError):
+    """The SQL database behind metadata or leases failed; its text stays in the server log."""
 
 
 class RequestError(LogHubError):

@@ -18,7 +18,7 @@ from postgres import create_schema
 from loghub._clock import SystemClock
 from loghub.coordination.lease import LeaseCoordinator, LeaseRecord
 from loghub.coordination.lease_sql import SqlLeaseStore
-from loghub.errors import LeaseLostError, StorageError
+from loghub.errors import DatabaseError, LeaseLostError
 from loghub.testing.clock import FakeClock
 
 GROUP = "group"
@@ -120,7 +120,7 @@ def test_exactly_one_of_racing_compare_and_sets_wins(store: SqlLeaseStore) -> No
 
 def test_an_unreachable_database_raises_storage_error(tmp_path: Path) -> None:
     (tmp_path / "leases.db").mkdir()  # a directory where the file should be
-    with pytest.raises(StorageError):
+    with pytest.raises(DatabaseError):
         SqlLeaseStore.open(f"sqlite:///{tmp_path / 'leases.db'}", GROUP, SIG, FakeClock())
 
 
@@ -180,13 +180,13 @@ def _consumer_process(url: str, name: str, stop_path: str, log_path: str) -> Non
                     positions[shard_id] += 1
             if time.monotonic_ns() - last_checkpoint_ns > 200_000_000:
                 for shard_id in sorted(consuming):
-                    with contextlib.suppress(LeaseLostError, StorageError):
+                    with contextlib.suppress(LeaseLostError, DatabaseError):
                         coordinator.checkpoint(shard_id, str(positions[shard_id]))
                 last_checkpoint_ns = time.monotonic_ns()
             time.sleep(0.01)
             try:
                 decisions = coordinator.tick(SHARDS)
-            except StorageError:
+            except DatabaseError:
                 continue
         for shard_id in sorted(consuming):
             stop(shard_id)

@@ -20,7 +20,7 @@ from loghub.coordination.lease import (
     observe,
     steal_counts,
 )
-from loghub.errors import IllegalTransition, LeaseLostError, ParameterInvalid, StorageError
+from loghub.errors import DatabaseError, IllegalTransition, LeaseLostError, ParameterInvalid
 from loghub.testing.clock import FakeClock
 from loghub.testing.lease_store import FaultyLeaseStore, MemoryLeaseStore
 
@@ -350,7 +350,7 @@ def test_fail_nth_call_fails_exactly_that_call() -> None:
     faulty = FaultyLeaseStore(MemoryLeaseStore(clock), __import__("random").Random(1))
     faulty.fail_nth_call("list_leases", 2)
     faulty.list_leases()
-    with pytest.raises(StorageError):
+    with pytest.raises(DatabaseError):
         faulty.list_leases()
     faulty.list_leases()
     assert faulty.failures["list_leases"] == 1

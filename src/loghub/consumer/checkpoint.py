@@ -30,7 +30,7 @@ from loghub._clock import Clock
 __all__ = ["CheckpointListener", "CheckpointTracker", "CheckpointWriter", "Checkpointer"]
 
 # Writes ``cursor`` as the checkpoint of ``shard_id``; raises when it could not (LeaseLostError:
-# the shard belongs to another worker now; ClientError/StorageError: try again later).
+# the shard belongs to another worker now; ClientError/DatabaseError: try again later).
 CheckpointWriter = Callable[[int, str], None]
 # Told (shard_id, cursor) after each checkpoint written: monitoring, and crash tests that must
 # know what was durable.

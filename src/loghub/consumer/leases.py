@@ -84,7 +84,7 @@ class LeaseAssignment:
     def start(self, *, background: bool = True) -> None:
         """Open the store, list the shards, register and take a first share of the leases,
         then keep ticking in a thread (``background=False``: the caller drives ``run_once``).
-        Raises StorageError (database unreachable) or a client error: nothing was taken."""
+        Raises DatabaseError (database unreachable) or a client error: nothing was taken."""
         config = self._config
         if self._store is None:
             # Imported here: SQLAlchemy is needed only in this mode.

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from loghub._clock import Clock
-from loghub.errors import IllegalTransition, LeaseLostError, ParameterInvalid, StorageError
+from loghub.errors import DatabaseError, IllegalTransition, LeaseLostError, ParameterInvalid
 
 __all__ = [
     "Decisions",
@@ -104,7 +104,7 @@ class LeaseRecord:
 class LeaseStore(Protocol):
     """The lease table of one consumer group of one logstore.
 
-    Errors: a store that cannot reach its database raises ``StorageError``; nothing else.
+    Errors: a store that cannot reach its database raises ``DatabaseError``; nothing else.
     Stores stamp ``created_at``/``heartbeat_at``/``updated_at`` with their own wall clock, for
     monitoring and for the start-up estimate in ``recent_workers`` only.
     """
@@ -389,7 +389,7 @@ class LeaseRenewer:
                 won = self.store.compare_and_set(
                     shard_id, held.lease_counter, self.worker_name, consumer
                 )
-            except StorageError:
+            except DatabaseError:
                 self.store_errors += 1
                 continue
             if not won:
@@ -508,7 +508,7 @@ class LeaseCoordinator:
     def start(self, shard_ids: Collection[int]) -> Decisions:
         """Start-up: register, create missing leases, renew the leases already ours (a fast
         restart keeps its shards), then a first taker round that also counts workers with a
-        recent heartbeat, so that a group starting together balances at once. A StorageError
+        recent heartbeat, so that a group starting together balances at once. A DatabaseError
         propagates: nothing was taken; call ``start`` again."""
         assert not self._started, "start once"
         wanted = self._wanted(shard_ids)
@@ -557,7 +557,7 @@ class LeaseCoordinator:
     def checkpoint(self, shard_id: int, cursor: str) -> None:
         """Persist ``cursor`` for ``shard_id``. Raises LeaseLostError when this worker is no
         longer its consumer_owner (the shard moved on; the new consumer resumes from the last
-        checkpoint written), StorageError when the database cannot be reached."""
+        checkpoint written), DatabaseError when the database cannot be reached."""
         if len(cursor) > checkpoint_length_max:
             raise ParameterInvalid(f"checkpoint longer than {checkpoint_length_max} characters")
         if not self.store.write_checkpoint(shard_id, self.worker_name, cursor):
@@ -565,7 +565,7 @@ class LeaseCoordinator:
 
     def shutdown(self) -> None:
         """Leave cleanly: release every lease (others take them at once) and deregister. Call
-        after stopping every shard and writing its final checkpoint. Raises StorageError when
+        after stopping every shard and writing its final checkpoint. Raises DatabaseError when
         the database cannot be reached (the leases then expire: slower, still safe)."""
         for shard_id in sorted(self.renewer.held):
             self.renewer.release(shard_id)
@@ -606,7 +606,7 @@ class LeaseCoordinator:
     def _try_refresh(self, wanted: frozenset[int]) -> bool:
         try:
             self._refresh(wanted)
-        except StorageError:
+        except DatabaseError:
             self._counters.store_errors += 1
             return False
         return True
@@ -617,7 +617,7 @@ class LeaseCoordinator:
         self._counters.lost += len(lost)
         try:
             self.store.heartbeat(self.worker_name)
-        except StorageError:
+        except DatabaseError:
             self._counters.store_errors += 1
 
     def _take_round(self, wanted: frozenset[int], extra_live: Collection[str]) -> None:
@@ -628,7 +628,7 @@ class LeaseCoordinator:
         for lease, stolen in _with_kind(plan.take, plan.steal):
             try:
                 won = self.renewer.acquire(lease, self.clock.monotonic_ms(), stolen=stolen)
-            except StorageError:
+            except DatabaseError:
                 self._counters.store_errors += 1
                 continue
             if won:
@@ -639,7 +639,7 @@ class LeaseCoordinator:
         for shard_id in sorted(self.renewer.held.keys() - wanted):
             try:
                 self.renewer.release(shard_id)
-            except StorageError:
+            except DatabaseError:
                 self._counters.store_errors += 1
 
     def _decide(self, wanted: frozenset[int]) -> Decisions:

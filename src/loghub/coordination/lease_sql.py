@@ -22,7 +22,7 @@ writer takes the database lock (WAL, busy timeout), so they run one after anothe
 Where it lives: ``sqlite:////abs/path/leases.db`` for processes on one machine (a local file
 system: SQLite's locks do not work over NFS), ``postgresql+psycopg://...`` across machines.
 
-Errors: any database failure is raised as ``StorageError`` (from the SQLAlchemy error).
+Errors: any database failure is raised as ``DatabaseError`` (from the SQLAlchemy error).
 Crash: a write either committed or did not happen; the protocol needs nothing else.
 Thread-safety: safe to share between threads (the engine's pool hands out connections).
 """
@@ -41,7 +41,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from loghub._clock import Clock
 from loghub.coordination.lease import LeaseRecord, worker_name_length_max
-from loghub.errors import ParameterInvalid, StorageError
+from loghub.errors import DatabaseError, ParameterInvalid
 
 __all__ = ["SqlLeaseStore", "create_lease_engine", "sqlite_busy_timeout_ms"]
 
@@ -291,4 +291,4 @@ class SqlLeaseStore:
         try:
             return call()
         except SQLAlchemyError as exc:
-            raise StorageError(f"lease store: {exc}") from exc
+            raise DatabaseError(f"lease store: {exc}") from exc

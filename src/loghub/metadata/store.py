@@ -39,6 +39,7 @@ from sqlalchemy.exc import IntegrityError
 
 from loghub._clock import Clock
 from loghub.errors import (
+    DatabaseError,
     LogStoreAlreadyExist,
     LogStoreInfoInvalid,
     LogStoreNotExist,
@@ -47,7 +48,6 @@ from loghub.errors import (
     ProjectNotExist,
     ShardNotExist,
     ShardReadOnly,
-    StorageError,
 )
 from loghub.metadata._validate import (
     shards_per_logstore_max,
@@ -516,7 +516,7 @@ class MetadataStore:
         if version is None:
             conn.execute(sa.insert(_schema_version).values(id=1, version=SCHEMA_VERSION))
         elif version != SCHEMA_VERSION:
-            raise StorageError(
+            raise DatabaseError(
                 f"metadata schema version {version}, this LogHub reads {SCHEMA_VERSION}"
             )
 

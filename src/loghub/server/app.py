@@ -41,6 +41,8 @@ from starlette.responses import Response
 
 from loghub._clock import Clock, SystemClock
 from loghub.errors import (
+    CoordinationError,
+    DatabaseError,
     LogHubError,
     ParameterInvalid,
     PostBodyInvalid,
@@ -183,6 +185,12 @@ def _error(exc: LogHubError, request_id: str) -> Response:
     )
 
 
+def _internal_kind(exc: LogHubError) -> str:
+    if isinstance(exc, StorageError):
+        return "storage"
+    return "database" if isinstance(exc, DatabaseError) else "coordination"
+
+
 def _int_param(call: _Call, name: str, default: int | None = None) -> int:
     """An integer query parameter; an empty value (``offset=``) counts as absent."""
     text = call.optional(name)
@@ -219,10 +227,10 @@ class LogHubApp:
         started = time.perf_counter()
         try:
             response = await self._handle(request, request_id)
-        except StorageError as exc:
-            # the server's own fault: the details (paths, positions) are for its log only
-            log.error("request %s %s: %s", scope.get("method"), scope.get("path"), exc)
-            response = _error(LogHubError("internal storage error"), request_id)
+        except (StorageError, DatabaseError, CoordinationError) as exc:
+            # the server's own fault: the details (paths, positions, SQL) are for its log only
+            log.error("request %s %s: %r", scope.get("method"), scope.get("path"), exc)
+            response = _error(LogHubError(f"internal {_internal_kind(exc)} error"), request_id)
         except LogHubError as exc:
             response = _error(self._without_paths(exc), request_id)
         except Exception:

@@ -19,7 +19,7 @@ _STATUS: tuple[tuple[type[errors.LogHubError], int], ...] = (
     (errors.AlreadyExistsError, 400),
     (errors.SignatureReused, 503),
     (errors.AuthError, 401),
-    (errors.CoordinationError, 400),
+    (errors.CoordinationError, 500),  # a broken state machine is the server's fault
     (errors.QuotaError, 403),
     (errors.LogHubError, 500),
 )

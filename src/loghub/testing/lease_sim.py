@@ -44,7 +44,7 @@ from loghub.coordination.lease import (
     renews_per_lease_timeout,
     taker_interval_lease_timeouts,
 )
-from loghub.errors import LeaseLostError, StorageError
+from loghub.errors import DatabaseError, LeaseLostError
 from loghub.testing.clock import FakeClock
 from loghub.testing.lease_store import FaultyLeaseStore, MemoryLeaseStore
 
@@ -306,7 +306,7 @@ class LeaseSimulation:
             else:
                 decisions = coordinator.start(shards)
                 worker.started = True
-        except StorageError:
+        except DatabaseError:
             return
         for shard_id in decisions.stop:
             worker.starting.discard(shard_id)
@@ -328,7 +328,7 @@ class LeaseSimulation:
             return
         try:
             worker.coordinator.shutdown()
-        except StorageError:
+        except DatabaseError:
             return
         del self.workers[worker.name]
 
@@ -336,7 +336,7 @@ class LeaseSimulation:
         for shard_id in sorted(worker.pending_final):
             try:
                 self.write_checkpoint(worker, shard_id)
-            except StorageError:
+            except DatabaseError:
                 continue
             except LeaseLostError:
                 self._excuse_if_faulted(worker, shard_id)
@@ -357,7 +357,7 @@ class LeaseSimulation:
                 continue
             try:
                 cursor = worker.coordinator.read_checkpoint(shard_id)
-            except StorageError:
+            except DatabaseError:
                 continue
             worker.starting.discard(shard_id)
             worker.pending_final.discard(shard_id)
@@ -392,14 +392,14 @@ class LeaseSimulation:
             elif periodic:
                 try:
                     self.write_checkpoint(worker, shard_id)
-                except (StorageError, LeaseLostError):
+                except (DatabaseError, LeaseLostError):
                     continue
 
     def _finish_read_only(self, worker: _Worker, shard_id: int) -> None:
         """The last checkpoint of a read-only shard, then it is finished for everyone."""
         try:
             self.write_checkpoint(worker, shard_id)
-        except (StorageError, LeaseLostError):
+        except (DatabaseError, LeaseLostError):
             return
         worker.consuming.discard(shard_id)
         self._finish(shard_id)

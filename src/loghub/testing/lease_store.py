@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from loghub._clock import Clock
 from loghub.coordination.lease import LeaseRecord, LeaseStore
-from loghub.errors import StorageError
+from loghub.errors import DatabaseError
 
 __all__ = ["FaultyLeaseStore", "MemoryLeaseStore"]
 
@@ -102,7 +102,7 @@ _METHODS = (
 
 
 class FaultyLeaseStore:
-    """Wraps a store; fails or delays chosen calls with ``StorageError``.
+    """Wraps a store; fails or delays chosen calls with ``DatabaseError``.
 
     - ``fail_nth_call(method, n)``: the n-th call (1-based, counted from now on) fails.
     - ``set_failure_probability(p, methods)``: each call fails with probability p.
@@ -158,7 +158,7 @@ class FaultyLeaseStore:
         chance = self._failure_probability.get(method, 0.0)
         if planned or (chance and self.rng.random() < chance):
             self.failures[method] += 1
-            raise StorageError(f"injected fault: {method} call {self.calls[method]}")
+            raise DatabaseError(f"injected fault: {method} call {self.calls[method]}")
 
     def register_worker(self, worker_name: str) -> None:
         self._before("register_worker")
