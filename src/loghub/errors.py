@@ -9,6 +9,7 @@ body, so an error means the same thing on both sides of the wire: the server tur
     ├── StorageError
     │   ├── CorruptSegmentError         a record failed its CRC or framing check on read
     │   └── StorageClosedError          the shard log was closed
+    ├── ServerBusy                      over the in-flight bound (503 with Retry-After)
     ├── RequestError                    the client's mistake (4xx); never retried by the SDK
     │   ├── ParameterInvalid
     │   ├── PostBodyInvalid             undecodable body, bad protobuf, wrong raw size
@@ -74,6 +75,7 @@ __all__ = [
     "ProjectNotExist",
     "RequestError",
     "RequestTimeTooSkewed",
+    "ServerBusy",
     "ServerError",
     "ShardNotExist",
     "ShardReadOnly",
@@ -116,6 +118,14 @@ class CorruptSegmentError(StorageError):
 
 class StorageClosedError(StorageError):
     pass
+
+
+class ServerBusy(LogHubError):
+    """The server holds as many request bodies as it may; the same request later succeeds.
+
+    A 5xx on purpose: the SDK retries it, which is what a client should do."""
+
+    code = "ServerBusy"
 
 
 class RequestError(LogHubError):

@@ -19,6 +19,7 @@ _STATUS: tuple[tuple[type[errors.LogHubError], int], ...] = (
     (errors.AlreadyExistsError, 400),
     (errors.AuthError, 401),
     (errors.CoordinationError, 400),
+    (errors.ServerBusy, 503),
     (errors.LogHubError, 500),
 )
 
