@@ -47,7 +47,7 @@ from loghub.server.memory import return_large_buffers_to_os
 from loghub.wire.compression import decompress
 from loghub.wire.logs import parse_log_group
 
-__all__ = ["BodyChecker", "check_log_group"]
+__all__ = ["BodyChecker", "check_log_group", "count_logs"]
 
 log = logging.getLogger("loghub.server")
 
@@ -126,9 +126,10 @@ def _field_runs(raw: bytes, run_bytes: int) -> list[tuple[int, int]] | None:
     return runs
 
 
-def _count_logs(raw: bytes) -> int:
-    """The number of logs in a LogGroup, proving it complete (PostBodyInvalid otherwise)."""
-    runs = _field_runs(raw, _SLICE_BYTES) if len(raw) > 2 * _SLICE_BYTES else None
+def count_logs(raw: bytes, slice_bytes: int = _SLICE_BYTES) -> int:
+    """The number of logs in a LogGroup, proving it complete (PostBodyInvalid otherwise);
+    a body over twice slice_bytes is parsed a slice at a time."""
+    runs = _field_runs(raw, slice_bytes) if len(raw) > 2 * slice_bytes else None
     if runs is None:
         return len(parse_log_group(raw).Logs)
     view = memoryview(raw)
@@ -136,7 +137,7 @@ def _count_logs(raw: bytes) -> int:
 
 
 def _check_raw(raw: bytes, limits: Limits) -> int:
-    count = _count_logs(raw)
+    count = count_logs(raw)
     if not count:
         raise PostBodyInvalid("a log group must hold at least one log")
     if count > limits.logs_per_group_max:
