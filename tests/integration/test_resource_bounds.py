@@ -23,6 +23,8 @@ import httpx
 import pytest
 from server_process import ServerProcess
 
+from loghub.wire.logs import make_log_group, parse_log_group_list
+
 HEADER_TIMEOUT_S = 1.5
 BODY_TIMEOUT_S = 1.5
 IDLE_TIMEOUT_S = 1.5
@@ -228,3 +230,46 @@ def test_six_bodies_at_the_limit_grow_the_server_by_less_than_256_mib() -> None:
     assert figures["body_bytes"] > 29 * 1024 * 1024
     assert figures["stored"] == 6, figures["statuses"]
     assert figures["growth_bytes"] < 256 * 1024 * 1024, figures
+
+
+def test_lowering_the_body_limits_keeps_larger_stored_records(tmp_path: Path) -> None:
+    """A record stored under a higher limit is data, not damage, after a restart with a
+    lower one (the stored-record bound has a floor at the old 32 MiB default)."""
+    headers = {"host": "lowered.127.0.0.1"}
+    body = make_log_group([(1_700_000_000, {"line": "x" * 2_000_000})]).SerializeToString()
+    server = ServerProcess(tmp_path / "data").start()
+    try:
+        with httpx.Client(trust_env=False, timeout=30, base_url=f"http://{server.endpoint}") as h:
+            assert h.post("/", headers=headers, json={"projectName": "lowered"}).is_success
+            reply = h.post(
+                "/logstores",
+                headers=headers,
+                json={"logstoreName": "store", "shardCount": 1, "ttl": 1},
+            )
+            assert reply.is_success, reply.text
+            put_headers = {**headers, "x-log-bodyrawsize": str(len(body))}
+            for _ in range(2):
+                reply = h.post("/logstores/store/shards/0", headers=put_headers, content=body)
+                assert reply.is_success, reply.text
+    finally:
+        server.kill()  # a crash: the restart runs recovery over the active segment
+    limit = str(1024 * 1024)
+    server = ServerProcess(
+        tmp_path / "data",
+        extra_args=("--request-body-bytes-max", limit, "--raw-body-bytes-max", limit),
+    ).start()
+    try:
+        with httpx.Client(trust_env=False, timeout=30, base_url=f"http://{server.endpoint}") as h:
+            shard = "/logstores/store/shards/0"
+            cursor = h.get(shard, headers=headers, params={"type": "cursor", "from": "begin"})
+            reply = h.get(
+                shard,
+                headers={**headers, "accept-encoding": ""},
+                params={"type": "log", "cursor": cursor.json()["cursor"], "count": "10"},
+            )
+            assert reply.status_code == 200, reply.text
+            assert reply.headers["x-log-count"] == "2"
+            groups = parse_log_group_list(reply.content).LogGroups
+            assert [g.SerializeToString() for g in groups] == [body, body]
+    finally:
+        server.stop()
