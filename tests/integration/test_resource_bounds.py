@@ -10,6 +10,7 @@ tests are quick; the defaults are in docs/configuration.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import socket
@@ -30,6 +31,7 @@ BODY_TIMEOUT_S = 1.5
 IDLE_TIMEOUT_S = 1.5
 SLACK_S = 1.5
 BUDGET_BYTES = 100_000
+WAIT_S = 3.0  # longer than the body timeout: waiting for room must not count as a stall
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -40,7 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         f"--body-timeout-s={BODY_TIMEOUT_S}",
         f"--idle-timeout-s={IDLE_TIMEOUT_S}",
         f"--inflight-body-bytes-max={BUDGET_BYTES}",
-        "--inflight-wait-s=1",
+        f"--inflight-wait-s={WAIT_S}",
     )
     process = ServerProcess(tmp_path_factory.mktemp("bounds") / "data", extra_args=args).start()
     try:
@@ -160,21 +162,35 @@ def test_body_over_the_size_limit_gets_413_before_it_is_sent(server: ServerProce
     assert json.loads(body)["errorCode"] == "PostBodyTooLarge"
 
 
+def _hold_the_budget(server: ServerProcess) -> socket.socket:
+    """A connection whose request takes the whole body budget and keeps it: its body moves
+    (a byte at a time, see _trickle) but never completes."""
+    holder = _connect(server)
+    holder.sendall(_head("/logstores/s/shards/lb", length=BUDGET_BYTES, host="p.127.0.0.1"))
+    holder.sendall(b"x" * 10)
+    time.sleep(0.2)
+    return holder
+
+
+def _trickle(sock: socket.socket, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sock.send(b"x")
+        time.sleep(0.25)
+
+
 def test_body_without_room_waits_then_gets_503_with_retry_after(server: ServerProcess) -> None:
-    # The first request takes the whole budget and holds it: its body never completes.
-    with _connect(server) as holder, _connect(server) as waiting:
-        holder.sendall(_head("/logstores/s/shards/lb", length=BUDGET_BYTES, host="p.127.0.0.1"))
-        holder.sendall(b"x" * 10)
-        time.sleep(0.2)
+    with _hold_the_budget(server) as holder, _connect(server) as waiting:
         waiting.sendall(_head("/logstores/s/shards/lb", length=100, host="p.127.0.0.1"))
         waiting.sendall(b"y" * 100)
         started = time.monotonic()
         assert _healthy(server)  # a request without a body needs no room
+        _trickle(holder, WAIT_S + 0.5)
         status, headers, body = _read_reply(waiting)
         assert status == 503
         assert headers["retry-after"] == "1"
         assert json.loads(body)["errorCode"] == "ServerBusy"
-        assert 0.5 < time.monotonic() - started < 3.0
+        assert WAIT_S - 0.5 < time.monotonic() - started < WAIT_S + 2.0
     # the holder was cut (or left): its room is free again, and the next body is let in
     with _connect(server) as sock:
         sock.sendall(_head("/logstores/s/shards/lb", length=100, host="p.127.0.0.1"))
@@ -273,3 +289,25 @@ def test_lowering_the_body_limits_keeps_larger_stored_records(tmp_path: Path) ->
             assert [g.SerializeToString() for g in groups] == [body, body]
     finally:
         server.stop()
+
+
+def test_body_waiting_for_room_is_not_cut_as_stalled(server: ServerProcess) -> None:
+    """A large body the server stopped reading (no room yet) outlives the body timeout, and
+    is read and answered once the room is free."""
+    body = b"y" * (4 * 1024 * 1024)  # well over what the server and the kernel buffer
+    holder = _hold_the_budget(server)
+    with _connect(server) as waiting:
+        waiting.sendall(_head("/logstores/s/shards/lb", length=len(body), host="p.127.0.0.1"))
+        waiting.setblocking(False)
+        sent = 0
+        with contextlib.suppress(BlockingIOError):
+            while sent < len(body):
+                sent += waiting.send(body[sent : sent + 65536])
+        waiting.setblocking(True)
+        assert sent < len(body), "the server read the whole body while it had no room"
+        _trickle(holder, BODY_TIMEOUT_S + 1.0)
+        holder.close()  # the room is free: the waiting body is let in and read to the end
+        waiting.sendall(body[sent:])
+        status, _, reply = _read_reply(waiting)
+    assert status == 404, reply  # ProjectNotExist: it got past admission, whole
+    assert json.loads(reply)["errorCode"] == "ProjectNotExist"
