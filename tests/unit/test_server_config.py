@@ -56,7 +56,16 @@ def test_every_limit_can_be_set_in_a_config_file(
 def test_flags_override_the_config_file(tmp_path: Path, captured: list[ServerConfig]) -> None:
     config = tmp_path / "server.json"
     config.write_text(
-        json.dumps({"port": 9123, "idle-timeout-s": 5, "header_timeout_s": 3, "fsync": "interval"})
+        json.dumps(
+            {
+                "port": 9123,
+                "idle-timeout-s": 5,
+                "header_timeout_s": 3,
+                "fsync": "interval",
+                "public-host": ["logs.example.com"],
+                "data-dir": str(tmp_path / "from-file"),
+            }
+        )
     )
     assert _serve("--config", str(config), "--idle-timeout-s", "7", "--port", "9124") == 0
     (server_config,) = captured
@@ -64,6 +73,8 @@ def test_flags_override_the_config_file(tmp_path: Path, captured: list[ServerCon
     assert server_config.fsync_policy == "interval"
     assert server_config.limits.idle_timeout_s == 7
     assert server_config.limits.header_timeout_s == 3
+    assert "logs.example.com" in server_config.base_hosts
+    assert server_config.data_dir == tmp_path / "from-file"
 
 
 def test_unknown_setting_in_the_config_file_is_refused(
