@@ -125,3 +125,10 @@ def test_body_limits_are_the_sdk_maximum() -> None:
     # the SDK refuses more than 30 MiB raw per PutLogs, and may send it uncompressed
     assert Limits().request_body_bytes_max == 30 * 1024 * 1024
     assert Limits().raw_body_bytes_max == 30 * 1024 * 1024
+
+
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(Limits)])
+def test_every_limit_is_in_the_configuration_table(field: str) -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+    rows = [line for line in docs.read_text().splitlines() if f"(`{_flag(field)}`)" in line]
+    assert len(rows) == 1, f"docs/configuration.md has no Limits row for {_flag(field)}"
