@@ -27,7 +27,7 @@ from loghub.consumer.cli import consume
 from loghub.errors import LogHubError, ShardReadOnly
 from loghub.metadata.hashing import md5_hash_key, parse_hash_key
 from loghub.pipelines.cli import pipeline_app
-from loghub.server.config import ServerConfig
+from loghub.server.config import Limits, ServerConfig, load_config_file
 from loghub.server.quotas import ShardQuota, rate_per_s_max
 from loghub.wire.logs import make_log_group
 
@@ -78,8 +78,40 @@ def _client(endpoint: str, key_id: str, key_secret: str) -> LogHubClient:
     return LogHubClient(endpoint, key_id, key_secret, ca_cert=_tls["ca_cert"])
 
 
+def _read_config_file(ctx: typer.Context, path: Path | None) -> Path | None:
+    """Eager callback of --config: the file's settings become the defaults of the other
+    flags (click's default_map), so a flag given on the command line overrides the file and
+    every value is checked and converted as the flag's own would be."""
+    if path is None:
+        return None
+    settings = load_config_file(path)
+    known = {param.name for param in ctx.command.params} - {"config"}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise typer.BadParameter(f"{path} sets unknown settings: {', '.join(unknown)}")
+    ctx.default_map = {**(ctx.default_map or {}), **settings}
+    return path
+
+
+_DEFAULT_LIMITS = Limits()
+
+
+def _limit_help(text: str, name: str) -> str:
+    return f"{text} (default {getattr(_DEFAULT_LIMITS, name)})"
+
+
 @app.command()
 def serve(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="TOML or JSON file of settings, named as these flags; flags override it",
+            is_eager=True,
+            callback=_read_config_file,
+        ),
+    ] = None,
     data_dir: Annotated[Path, typer.Option(help="where logs and metadata are kept")] = Path("data"),
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
@@ -125,6 +157,55 @@ def serve(
     shard_read_bytes_per_s: Annotated[
         int, typer.Option(help="per-shard read quota in raw bytes/s (0: none)", min=0)
     ] = ShardQuota.read_bytes_per_s,
+    # -- limits (Limits fields; None: the default there) ---------------------------------------
+    request_body_bytes_max: Annotated[
+        int | None,
+        typer.Option(help=_limit_help("larger bodies get 413", "request_body_bytes_max")),
+    ] = None,
+    raw_body_bytes_max: Annotated[
+        int | None,
+        typer.Option(help=_limit_help("larger raw PutLogs bodies get 413", "raw_body_bytes_max")),
+    ] = None,
+    logs_per_group_max: Annotated[
+        int | None,
+        typer.Option(help=_limit_help("more logs in a group get 413", "logs_per_group_max")),
+    ] = None,
+    pull_groups_max: Annotated[
+        int | None, typer.Option(help=_limit_help("largest PullLogs count", "pull_groups_max"))
+    ] = None,
+    pull_bytes_max: Annotated[
+        int | None, typer.Option(help=_limit_help("raw bytes per pull reply", "pull_bytes_max"))
+    ] = None,
+    clock_skew_s_max: Annotated[
+        int | None,
+        typer.Option(help=_limit_help("signed request date tolerance", "clock_skew_s_max")),
+    ] = None,
+    header_timeout_s: Annotated[
+        float | None,
+        typer.Option(help=_limit_help("time to send a request head", "header_timeout_s")),
+    ] = None,
+    body_timeout_s: Annotated[
+        float | None,
+        typer.Option(help=_limit_help("a body stalled this long is cut", "body_timeout_s")),
+    ] = None,
+    idle_timeout_s: Annotated[
+        float | None,
+        typer.Option(help=_limit_help("idle keep-alive connections close", "idle_timeout_s")),
+    ] = None,
+    connections_max: Annotated[
+        int | None,
+        typer.Option(help=_limit_help("open connections; more get 503", "connections_max")),
+    ] = None,
+    inflight_body_bytes_max: Annotated[
+        int | None,
+        typer.Option(
+            help=_limit_help("request body bytes handled at once", "inflight_body_bytes_max")
+        ),
+    ] = None,
+    inflight_wait_s: Annotated[
+        float | None,
+        typer.Option(help=_limit_help("wait for room, then 503", "inflight_wait_s")),
+    ] = None,
 ) -> None:
     """Run a LogHub server."""
     from loghub.server import ServerConfig, load_key_grants, load_keys
@@ -134,7 +215,12 @@ def serve(
     if fsync not in ("always", "interval"):
         raise typer.BadParameter("--fsync must be always or interval")
     policy: Literal["always", "interval"] = "always" if fsync == "always" else "interval"
-    config = ServerConfig(
+    given_limits = {
+        name: ctx.params[name]
+        for name in Limits.__dataclass_fields__
+        if ctx.params.get(name) is not None
+    }
+    server_config = ServerConfig(
         data_dir=data_dir,
         host=host,
         port=port,
@@ -155,8 +241,9 @@ def serve(
         shard_quota=_shard_quota(
             shard_write_bytes_per_s, shard_write_requests_per_s, shard_read_bytes_per_s
         ),
+        limits=Limits(**given_limits),
     )
-    run_server(config)
+    run_server(server_config)
 
 
 def _shard_quota(

@@ -10,6 +10,7 @@ body, so an error means the same thing on both sides of the wire: the server tur
     │   ├── CorruptSegmentError         a record failed its CRC or framing check on read
     │   └── StorageClosedError          the shard log was closed
     ├── DatabaseError                   the metadata or lease database failed or is unreachable
+    ├── ServerBusy                      over the in-flight bound (503 with Retry-After)
     ├── RequestError                    the client's mistake (4xx); never retried by the SDK
     │   ├── ParameterInvalid
     │   ├── PostBodyInvalid             undecodable body, bad protobuf, wrong raw size
@@ -82,6 +83,7 @@ __all__ = [
     "QuotaError",
     "RequestError",
     "RequestTimeTooSkewed",
+    "ServerBusy",
     "ServerError",
     "ShardNotExist",
     "ShardReadOnly",
@@ -131,6 +133,14 @@ class StorageClosedError(StorageError):
 
 class DatabaseError(LogHubError):
     """The SQL database behind metadata or leases failed; its text stays in the server log."""
+
+
+class ServerBusy(LogHubError):
+    """The server holds as many request bodies as it may; the same request later succeeds.
+
+    A 5xx on purpose: the SDK retries it, which is what a client should do."""
+
+    code = "ServerBusy"
 
 
 class RequestError(LogHubError):

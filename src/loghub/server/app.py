@@ -36,7 +36,7 @@ from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from loghub._clock import Clock, SystemClock
@@ -48,9 +48,11 @@ from loghub.errors import (
     PostBodyInvalid,
     PostBodyTooLarge,
     ProjectNotExist,
+    ServerBusy,
     SignatureReused,
     StorageError,
 )
+from loghub.server.admission import BodyBudget
 from loghub.server.auth import Authenticator, needs_write
 from loghub.server.config import ServerConfig
 from loghub.server.errors import http_status
@@ -177,6 +179,8 @@ def _error(exc: LogHubError, request_id: str) -> Response:
     headers = {"x-log-requestid": request_id}
     if isinstance(exc, SignatureReused):
         headers["retry-after"] = "1"  # a new second, a new date, a new signature
+    elif isinstance(exc, ServerBusy):
+        headers["retry-after"] = "1"  # seconds; the SDK waits that long between tries anyway
     return Response(
         error_body(exc.code, exc.message, request_id),
         status_code=http_status(exc),
@@ -215,6 +219,8 @@ class LogHubApp:
         self._data_dir_paths = re.compile(
             "|".join(re.escape(d) + r"[^\s\"']*" for d in sorted(data_dirs, key=len, reverse=True))
         )
+        limits = self.config.limits
+        self._body_budget = BodyBudget(limits.inflight_body_bytes_max, limits.inflight_wait_s)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -233,6 +239,9 @@ class LogHubApp:
             response = _error(LogHubError(f"internal {_internal_kind(exc)} error"), request_id)
         except LogHubError as exc:
             response = _error(self._without_paths(exc), request_id)
+            response = _error(exc, request_id)
+        except ClientDisconnect:
+            return  # cut mid-body (a timeout, or the client left): nobody to answer
         except Exception:
             log.exception("request %s %s failed", scope.get("method"), scope.get("path"))
             response = _error(LogHubError("internal server error"), request_id)
@@ -310,11 +319,30 @@ class LogHubApp:
         if created:
             log.info("auto-split created shards %s", [s.shard_id for s in created])
 
+    def _body_room_bytes(self, request: Request) -> int:
+        """The room a request's body takes in the in-flight budget: the larger of its length
+        and its declared raw size; a body of unknown length (chunked) may be as large as
+        allowed. Refuses a declared length over the limit (413) before anything is read."""
+        limits = self.config.limits
+        declared = request.headers.get("content-length", "").strip()
+        if declared.isascii() and declared.isdigit():
+            if len(declared) > 12 or int(declared) > limits.request_body_bytes_max:
+                raise PostBodyTooLarge(
+                    f"the body is {declared} bytes; at most "
+                    f"{limits.request_body_bytes_max} are allowed"
+                )
+            size = int(declared)
+        elif "transfer-encoding" in request.headers:
+            size = limits.request_body_bytes_max
+        else:
+            size = 0
+        raw = request.headers.get("x-log-bodyrawsize", "").strip()
+        if size and raw.isascii() and raw.isdigit():
+            size = max(size, min(int(raw[:12]), limits.raw_body_bytes_max))
+        return size
+
     async def _read_body(self, request: Request) -> bytes:
         limit = self.config.limits.request_body_bytes_max
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise PostBodyTooLarge(f"the body is {declared} bytes; at most {limit} are allowed")
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
@@ -347,6 +375,13 @@ class LogHubApp:
         if self.config.auth_enabled:
             self._authenticate(call)
         return await self._route(call)
+        project = project_from_host(request.headers.get("host", ""), self.config.base_hosts)
+        call = _Call(request, request_id, project)
+        async with self._body_budget.room(self._body_room_bytes(request)):
+            call.body = await self._read_body(request)
+            if self.config.auth_enabled:
+                self._authenticate(call)
+            return await self._route(call)
 
     def _authenticate(self, call: _Call) -> None:
         call.key_id = self._auth.authenticate(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ __all__ = [
     "Limits",
     "ServerConfig",
     "is_loopback_host",
+    "load_config_file",
     "load_key_grants",
     "load_keys",
 ]
@@ -51,11 +53,12 @@ class KeyGrant:
 
 @dataclass(frozen=True)
 class Limits:
-    # A request body over this is refused with 413 PostBodyTooLarge before it is read whole.
-    # The SDK itself sends at most 30 MB raw per PutLogs.
-    request_body_bytes_max: int = 32 * 1024 * 1024
-    # A decompressed PutLogs body over this is refused (413 PostBodyTooLarge).
-    raw_body_bytes_max: int = 32 * 1024 * 1024
+    # A request body over this is refused with 413 PostBodyTooLarge before it is read. The
+    # SDK sends at most 30 MiB raw per PutLogs (its MAX_PUT_LOG_SIZE), uncompressed when asked
+    # to, so this is the largest body a client of the protocol can need.
+    request_body_bytes_max: int = 30 * 1024 * 1024
+    # A decompressed PutLogs body over this is refused (413 PostBodyTooLarge); the SDK's cap.
+    raw_body_bytes_max: int = 30 * 1024 * 1024
     # A log group with more logs is refused (413 PostBodyTooLarge); the SDK's own cap.
     logs_per_group_max: int = 512_000
     # PullLogs `count` must be 1..this (400 ParameterInvalid otherwise); the SDK asks for 1000.
@@ -65,6 +68,34 @@ class Limits:
     pull_bytes_max: int = 16 * 1024 * 1024
     # Request dates further than this from the server's clock are refused when auth is on.
     clock_skew_s_max: int = 900
+
+    # -- connections and request memory (the HTTP server's own bounds) ------------------------
+    # A connection that has not sent a whole request head (request line and headers) this
+    # long after it opened, or after the request's first byte, is closed: slow-header
+    # clients hold a socket each, and honest ones send a head in one packet.
+    header_timeout_s: float = 10.0
+    # A request body that makes no progress for this long is cut (the connection closed).
+    # Counted only while the server is reading: time a body waits for room (below) is not
+    # the client's fault. 60 s lets a slow link move a 30 MiB body in small steps.
+    body_timeout_s: float = 60.0
+    # A keep-alive connection with no request for this long is closed. The SDK reuses its
+    # connections and reconnects when one was closed, so this only frees idle sockets.
+    idle_timeout_s: float = 60.0
+    # Open connections beyond this are answered 503 ServerBusy at once and closed, so fds
+    # stay for the data; existing connections carry on.
+    connections_max: int = 1000
+    # Bytes of request bodies handled at once, each counted at the larger of its length and
+    # its x-log-bodyrawsize: a body over the bound waits for room (it is not read meanwhile);
+    # one body alone is always let in. This bounds the server's memory, since a body is
+    # held compressed, raw, framed and parsed while it is checked and written.
+    inflight_body_bytes_max: int = 32 * 1024 * 1024
+    # How long a body waits for room before it is answered 503 ServerBusy with Retry-After.
+    inflight_wait_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ParameterInvalid(f"limit {name} must be a positive number, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -204,3 +235,20 @@ def _read_key_entry(keys_file: Path, key_id: str, entry: dict[str, object]) -> t
     # project names are lowercase (validate_project_name), as Host routing reads them
     names = frozenset(p.lower() for p in projects)
     return secret, KeyGrant(names, "read" if access == "read" else "write")
+
+
+def load_config_file(path: Path) -> dict[str, object]:
+    """The settings in a `loghub serve --config` file: TOML (``.toml``) or JSON, one flat
+    table whose keys are the flags' names (``port = 8080``, ``idle-timeout-s = 30``).
+
+    Flat, so that a file and a command line read the same; names are returned with
+    underscores. The caller checks the names and types against the flags it has.
+    """
+    try:
+        text = path.read_text()
+        loaded = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, ValueError) as exc:  # TOMLDecodeError is a ValueError
+        raise ParameterInvalid(f"cannot read config file {path}: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ParameterInvalid(f"config file {path} must hold one table of settings")
+    return {str(key).replace("-", "_"): value for key, value in loaded.items()}

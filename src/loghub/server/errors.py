@@ -21,6 +21,7 @@ _STATUS: tuple[tuple[type[errors.LogHubError], int], ...] = (
     (errors.AuthError, 401),
     (errors.CoordinationError, 500),  # a broken state machine is the server's fault
     (errors.QuotaError, 403),
+    (errors.ServerBusy, 503),
     (errors.LogHubError, 500),
 )
 

@@ -10,12 +10,15 @@ to it gets no HTTP answer (the TLS handshake fails and the connection is closed)
 from __future__ import annotations
 
 import logging
+import math
 
 import uvicorn
 
 from loghub.errors import ParameterInvalid
 from loghub.server.app import build_app
 from loghub.server.config import ServerConfig, is_loopback_host
+from loghub.server.http_protocol import bounded_protocol
+from loghub.server.memory import return_large_buffers_to_os
 
 __all__ = ["check_bind", "check_tls", "serve"]
 
@@ -43,9 +46,13 @@ def check_tls(config: ServerConfig) -> None:
 
 
 def serve(config: ServerConfig) -> None:
-    """Runs until SIGINT or SIGTERM; then stops accepting, finishes requests and closes."""
+    """Runs until SIGINT or SIGTERM; then stops accepting, finishes requests and closes.
+
+    The HTTP protocol is uvicorn's httptools one with LogHub's header, body and idle
+    timeouts and its connection cap (``http_protocol.py``)."""
     check_bind(config)
     check_tls(config)
+    return_large_buffers_to_os()
     app = build_app(config)
     log.info(
         "LogHub serving %s on %s://%s:%d (auth %s, fsync %s)",
@@ -62,11 +69,12 @@ def serve(config: ServerConfig) -> None:
             host=config.host,
             port=config.port,
             loop="uvloop",
-            http="httptools",
+            http=bounded_protocol(config.limits),
             lifespan="on",
             access_log=False,
             log_level="warning",
-            timeout_keep_alive=120,
+            # the protocol closes idle connections itself; uvicorn's own timer agrees with it
+            timeout_keep_alive=math.ceil(config.limits.idle_timeout_s),
             h11_max_incomplete_event_size=1024 * 1024,
             # TLS
             ssl_certfile=None if config.tls_cert_file is None else str(config.tls_cert_file),

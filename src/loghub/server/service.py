@@ -48,6 +48,8 @@ log = logging.getLogger("loghub.server")
 _DAY_MS = 86_400_000
 # A write that keeps meeting freshly sealed shards gives up after this many routings.
 _REROUTES_MAX = 16
+# Stored records up to this size stay readable whatever the body limits are set to now.
+_RECORD_BYTES_FLOOR = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,10 @@ class LogHubService:
                 fsync_policy=config.fsync_policy,
                 fsync_interval_ms=config.fsync_interval_ms,
                 segment_bytes_max=config.segment_bytes_max,
-                payload_bytes_max=config.limits.raw_body_bytes_max + 16,
+                # The bound a record read back must keep: never below what earlier releases
+                # let in (32 MiB), so lowering the body limit cannot make stored records
+                # look damaged.
+                payload_bytes_max=max(config.limits.raw_body_bytes_max, _RECORD_BYTES_FLOOR) + 16,
             ),
             clock,
         )
