@@ -239,7 +239,6 @@ class LogHubApp:
             response = _error(LogHubError(f"internal {_internal_kind(exc)} error"), request_id)
         except LogHubError as exc:
             response = _error(self._without_paths(exc), request_id)
-            response = _error(exc, request_id)
         except ClientDisconnect:
             return  # cut mid-body (a timeout, or the client left): nobody to answer
         except Exception:
@@ -371,12 +370,6 @@ class LogHubApp:
             return Response(self.service.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
         project = project_from_host(headers.get("host", ""), self.config.base_hosts)
         call = _Call(request, request_id, headers, project)
-        call.body = await self._read_body(request)
-        if self.config.auth_enabled:
-            self._authenticate(call)
-        return await self._route(call)
-        project = project_from_host(request.headers.get("host", ""), self.config.base_hosts)
-        call = _Call(request, request_id, project)
         async with self._body_budget.room(self._body_room_bytes(request)):
             call.body = await self._read_body(request)
             if self.config.auth_enabled:
