@@ -19,6 +19,7 @@ from loghub.errors import (
     ShardReadOnly,
     StorageClosedError,
     StorageError,
+    StorageFull,
 )
 from loghub.storage import ShardLog, StorageConfig
 from loghub.storage.segment import HEADER_BYTES, segment_base_sequences
@@ -327,7 +328,7 @@ def test_failed_write_raises_and_leaves_no_partial_record(
 
     with monkeypatch.context() as patch:
         patch.setattr(os, "writev", disk_full)
-        with pytest.raises(StorageError):
+        with pytest.raises(StorageFull):
             log.append(b"lost", 1000)
 
     assert log.end_seq == 3
@@ -358,7 +359,7 @@ def test_failed_write_across_a_roll_takes_back_the_whole_batch(
     with monkeypatch.context() as patch:
         patch.setattr(os, "writev", fail_second_log_write)
         # One raw batch larger than a segment: first chunk written, roll, second write fails.
-        with pytest.raises(StorageError):
+        with pytest.raises(StorageFull):
             log.append_raw(raw)
 
     assert log_writes["count"] == 2

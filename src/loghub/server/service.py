@@ -20,6 +20,7 @@ from typing import Any
 
 from loghub._clock import Clock
 from loghub.errors import (
+    DataCorrupted,
     InvalidCursor,
     LogHubError,
     LogStoreInfoInvalid,
@@ -34,7 +35,13 @@ from loghub.server.config import ServerConfig
 from loghub.server.groups import GroupService
 from loghub.server.metrics import ServerMetrics
 from loghub.server.validation import BodyChecker
-from loghub.storage import ReadBatch, ShardLog, ShardStore, StorageConfig
+from loghub.storage import (
+    ReadBatch,
+    ShardLog,
+    ShardStore,
+    StorageConfig,
+    raise_open_files_limit,
+)
 from loghub.wire.compression import compress
 from loghub.wire.cursor import decode_cursor, encode_cursor
 from loghub.wire.logs import frame_log_group
@@ -62,6 +69,10 @@ class LogHubService:
         self.config = config
         self.clock = clock
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        # Descriptors are bounded by the storage's file cache, but sockets are not: take
+        # whatever the hard limit allows.
+        soft, hard = raise_open_files_limit()
+        log.info("open files limit: soft %d, hard %d", soft, hard)
         self.metadata = MetadataStore.open(config.metadata_url(), clock)
         self.storage = ShardStore(
             config.data_dir / "shards",
@@ -75,6 +86,7 @@ class LogHubService:
         )
         self.groups = GroupService(self.metadata, self.storage, clock)
         self.metrics = ServerMetrics()
+        self.metrics.watch_storage(self.storage.statistics)
         self._round_robin = itertools.count()
         self.body_checker = BodyChecker(
             config.limits, config.parse_processes, config.parse_inline_bytes_max
@@ -262,7 +274,10 @@ class LogHubService:
 
     def get_cursor_time(self, project: str, logstore: str, shard_id: int, cursor: str) -> int:
         shard_log = self.shard_log(project, logstore, shard_id)
-        return shard_log.receive_time_ms(decode_cursor(cursor)) // 1000
+        try:
+            return shard_log.receive_time_ms(decode_cursor(cursor)) // 1000
+        except DataCorrupted as exc:
+            raise _with_cursors(exc, logstore, shard_id) from exc
 
     def pull_logs(
         self,
@@ -283,7 +298,10 @@ class LogHubService:
         end = None if end_cursor is None else decode_cursor(end_cursor)
         if end is not None and end < start:
             raise InvalidCursor(f"end_cursor {end_cursor} is before cursor {cursor}")
-        batch: ReadBatch = shard_log.read(start, count, limits.pull_bytes_max, end)
+        try:
+            batch: ReadBatch = shard_log.read(start, count, limits.pull_bytes_max, end)
+        except DataCorrupted as exc:
+            raise _with_cursors(exc, logstore, shard_id) from exc
         self.metrics.pull_groups.inc(batch.count)
         self.metrics.pull_bytes.inc(len(batch.data))
         body = compress(accept_compress, batch.data) if batch.data else b""
@@ -323,6 +341,20 @@ class _Sealer:
 
     def unseal(self, shard_id: int) -> None:
         self._service.storage.shard(self._store.storage_key, shard_id).unseal()
+
+
+def _with_cursors(error: DataCorrupted, logstore: str, shard_id: int) -> DataCorrupted:
+    """The storage's DataCorrupted told in cursors, the reader's unit, with the cursor to
+    resume from (a consumer may checkpoint it to move past the damage)."""
+    assert error.first_seq is not None and error.end_seq is not None
+    lost = error.end_seq - error.first_seq
+    return DataCorrupted(
+        f"{lost} log groups from cursor {encode_cursor(error.first_seq)} of shard {shard_id} "
+        f"of logstore {logstore} were lost to damage on the server's disk; reading can "
+        f"resume at cursor {encode_cursor(error.end_seq)}",
+        first_seq=error.first_seq,
+        end_seq=error.end_seq,
+    )
 
 
 def _writable(shard: Shard) -> bool:

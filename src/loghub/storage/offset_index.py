@@ -1,6 +1,7 @@
 """The offset index: where a record starts in its segment's log, for a sparse set of records.
 
-Byte layout of ``<base_seq:020d>.index``: a flat array of 8-byte entries, big-endian
+Byte layout of ``<base_seq:020d>.index``: a flat array of 8-byte entries
+(then the 8-byte checksum trailer of ``_pair_index``), big-endian
 ``(relative_sequence u32, position u32)``, where relative_sequence = sequence - base_seq and
 position is the record's first byte in the ``.log`` file. The first entry is always ``(0, 0)``
 (the segment's first record); a new entry is added for the first record that starts at least
@@ -9,8 +10,8 @@ record ``s``: take the last entry with relative_sequence <= s - base_seq and wal
 headers forward from its position (less than one interval plus one record).
 
 Who writes it: the shard log's single writer appends entries after the records they describe
-are written. Entries are kept in memory as arrays and appended to the file without fsync; the
-file is fsynced when the segment is rolled (sealed).
+are written. Entries are kept in memory as arrays; the file (entries, then the checksum trailer
+described in ``_pair_index``) is written and fsynced when the segment is sealed or closed.
 
 After a crash: the log is the truth. The last segment's index is rebuilt from its log on open;
 an earlier segment's index is checked (``is_consistent``) and rebuilt if missing, truncated or
