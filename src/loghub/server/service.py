@@ -72,7 +72,14 @@ class LogHubService:
         # Descriptors are bounded by the storage's file cache, but sockets are not: take
         # whatever the hard limit allows.
         soft, hard = raise_open_files_limit()
-        log.info("open files limit: soft %d, hard %d", soft, hard)
+        # Idle log files may take half of the limit; sockets and the database get the rest.
+        open_files_max = max(16, min(StorageConfig().open_files_max, soft // 2))
+        log.info(
+            "open files limit: soft %d, hard %d; idle log files kept open: %d",
+            soft,
+            hard,
+            open_files_max,
+        )
         self.metadata = MetadataStore.open(config.metadata_url(), clock)
         self.storage = ShardStore(
             config.data_dir / "shards",
@@ -81,6 +88,7 @@ class LogHubService:
                 fsync_interval_ms=config.fsync_interval_ms,
                 segment_bytes_max=config.segment_bytes_max,
                 payload_bytes_max=config.limits.raw_body_bytes_max + 16,
+                open_files_max=open_files_max,
             ),
             clock,
         )
