@@ -8,7 +8,7 @@ file is not trusted but rebuilt from the log. (Files from before the trailer exi
 the check once and are rebuilt.)
 
 The entries live in memory as two arrays; the file is written whole, and only when it must
-be: when the segment is sealed or closed (with fsync) and after a rebuild. The active
+be: when the segment is sealed (with fsync), closed, or rebuilt. The active
 segment's index is rebuilt from its log on open anyway, so it never needs a descriptor.
 
 Thread-safety: not thread-safe; the shard log calls it under its lock.
@@ -116,10 +116,10 @@ class PairIndex:
             write_whole_file(self.path, self._encode(), sync=False)
             self._dirty = False
 
-    def sync(self) -> None:
-        """Writes the file if it differs from memory, and fsyncs it."""
+    def sync(self, *, durable: bool = True) -> None:
+        """Writes the file if it differs from memory (and fsyncs it when ``durable``)."""
         if self._dirty:
-            write_whole_file(self.path, self._encode(), sync=True)
+            write_whole_file(self.path, self._encode(), sync=durable)
             self._dirty = False
 
     def _encode(self) -> bytes:

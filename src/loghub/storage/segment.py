@@ -526,11 +526,12 @@ class Segment:
                 position = chunk_start + index
                 if position + HEADER_BYTES > file_size:
                     return None
+                header = chunk[index : index + HEADER_BYTES]
                 if self._is_resync_point(
-                    fd, file_size, position, bad_position, bad_sequence, sequence_limit,
+                    fd, file_size, header, position, bad_position, bad_sequence, sequence_limit,
                     last_time_ms,
                 ):  # fmt: skip
-                    return position, HEADER.unpack(pread_fully(fd, HEADER_BYTES, position))[3]
+                    return position, HEADER.unpack(header)[3]
                 index = chunk.find(_MAGIC, index + 1)
             chunk_start += _SCAN_CHUNK_BYTES
         return None
@@ -539,13 +540,14 @@ class Segment:
         self,
         fd: int,
         file_size: int,
+        header: bytes,
         position: int,
         bad_position: int,
         bad_sequence: int,
         sequence_limit: int,
         last_time_ms: int | None,
     ) -> bool:
-        header = pread_fully(fd, HEADER_BYTES, position)
+        """Cheap checks on the candidate's header first; the CRC only for the survivors."""
         if len(header) < HEADER_BYTES:
             return False
         _version, _attributes, _epoch, sequence, time_ms, length, _crc = HEADER.unpack(header)
@@ -700,9 +702,9 @@ class Segment:
         self._closed = True
         self.files.forget(self.path)
         if not self._deleted:
-            try:
-                self.offset_index.sync()
-                self.time_index.sync()
+            try:  # not fsynced: a torn index fails its checksum and is rebuilt
+                self.offset_index.sync(durable=False)
+                self.time_index.sync(durable=False)
             except OSError as exc:
                 logger.warning("%s: indexes not written at close: %r", self.path, exc)
 
