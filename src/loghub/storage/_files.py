@@ -165,9 +165,9 @@ class FileCache:
         with self._lock:
             entry = self._entries.get(path)
             if entry is not None and not entry.doomed:
-                self._entries.move_to_end(path)
                 if entry.pins == 0:
                     self._idle -= 1
+                    self._entries.move_to_end(path)  # recency matters only to idle ones
                 entry.pins += 1
                 return entry.fd
             assert entry is None, f"{path} is being closed and reopened at once"
