@@ -11,7 +11,9 @@ The last entry holds the segment's newest time, which retention compares with it
 
 Who writes it: the shard log's single writer, after the records are written. Kept in memory
 as arrays; the file (entries, then the checksum trailer described in ``_pair_index``) is
-written and fsynced when the segment is sealed or closed.
+written when the segment is sealed (and fsynced) or closed. Answers are checked on use: the
+shard log compares ``first_at_or_after`` with the records' own headers, and reads a record's
+time from its header, not from here.
 
 After a crash: rebuilt from the log for the last segment; checked and rebuilt if missing,
 truncated or inconsistent for earlier segments.
