@@ -372,9 +372,11 @@ class Segment:
         self.rescan()
 
     def rescan(self) -> list[LostRange]:
-        """Walks the whole log of a segment that takes no more writes, notes its damaged
-        ranges and rebuilds both indexes (written and fsynced). Returns the damaged ranges
-        not known before. The caller holds the shard lock and the writer role."""
+        """Walks the segment's committed bytes, notes its damaged ranges and rebuilds both
+        indexes (written; they are a cache, so not fsynced). Nothing is cut: the records it
+        spans were acknowledged, so a bad tail here is a lost range up to ``next_seq``.
+        Returns the damaged ranges not known before. The caller holds the shard lock and the
+        writer role, so that no append moves the segment meanwhile."""
         assert self.next_seq >= self.base_seq
         end_seq = self.next_seq
         result = self._scan(self.committed_size_bytes, end_seq)
@@ -388,11 +390,11 @@ class Segment:
             )
         self._adopt(result, lost)
         self.next_seq = end_seq
-        self.offset_index.sync()
-        self.time_index.sync()
         return [item for item in lost if item not in known]
 
     def _adopt(self, result: _ScanResult, lost: list[LostRange] | None = None) -> None:
+        """Takes a scan's findings: end, lost ranges (logged), and indexes (rewritten when
+        they differ from the file's)."""
         self.next_seq = result.next_seq
         self.lost = result.lost if lost is None else lost
         for item in self.lost:
@@ -404,10 +406,7 @@ class Segment:
                 item.position,
                 item.end_position,
             )
-        write = True
-        if self.offset_index.intact and self.offset_index.entries() == result.offset_entries:
-            write = False
-        if write:
+        if not self.offset_index.intact or self.offset_index.entries() != result.offset_entries:
             self.offset_index.reset(result.offset_entries, write=True)
         if not self.time_index.intact or self.time_index.entries() != result.time_entries:
             self.time_index.reset(result.time_entries, write=True)
