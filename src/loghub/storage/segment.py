@@ -273,6 +273,7 @@ class Segment:
         self.next_seq = base_seq  # known after recover() or check_sealed()
         self.lost: list[LostRange] = []  # damaged ranges found so far, ascending
         self.pins = 0  # readers using the file; guarded by the shard lock
+        self.read_fd = -1  # the log's descriptor while pinned (pins > 0)
         self.retired = False
         self._closed = False
         self._deleted = False
@@ -631,16 +632,6 @@ class Segment:
         return ReadPlan(position, self.base_seq + relative_sequence, start_seq, stop_seq, limit)
 
     def read(
-        self, plan: ReadPlan, count_max: int, bytes_max: int, *, raw: bool, take_first: bool
-    ) -> tuple[list[memoryview], int]:
-        """Records of ``plan``, at most ``count_max`` and ``bytes_max`` bytes (payload bytes,
-        or whole records when ``raw``; the first record is taken regardless when
-        ``take_first``). Returns the payloads (or records) and the bytes counted. Raises
-        CorruptSegmentError when a record (or the index entry leading to it) is wrong."""
-        with self.files.use(self.path) as fd:
-            return self._read(fd, plan, count_max, bytes_max, raw=raw, take_first=take_first)
-
-    def _read(
         self,
         fd: int,
         plan: ReadPlan,
@@ -650,6 +641,12 @@ class Segment:
         raw: bool,
         take_first: bool,
     ) -> tuple[list[memoryview], int]:
+        """Records of ``plan``, at most ``count_max`` and ``bytes_max`` bytes (payload bytes,
+        or whole records when ``raw``; the first record is taken regardless when
+        ``take_first``). Returns the payloads (or records) and the bytes counted. Raises
+        CorruptSegmentError when a record (or the index entry leading to it) is wrong.
+        ``fd`` is the log's descriptor, pinned by the caller since before it planned the
+        read, so that retention cannot unlink the file between the plan and the read."""
         # One pread covers the usual read; a larger one refills as it goes.
         skip_bytes = self.index_interval_bytes if plan.position_seq < plan.start_seq else 0
         wanted_bytes = bytes_max + HEADER_BYTES * (min(count_max, 1024) + 1)
@@ -687,7 +684,8 @@ class Segment:
         """The receive time in record ``sequence``'s own header (CRC-checked), so that a
         damaged time index cannot give a wrong answer. Under the shard lock."""
         plan = self.plan_read(sequence, sequence + 1)
-        parts, _ = self.read(plan, 1, 0, raw=True, take_first=True)
+        with self.files.use(self.path) as fd:
+            parts, _ = self.read(fd, plan, 1, 0, raw=True, take_first=True)
         assert len(parts) == 1
         return int(HEADER.unpack(parts[0][:HEADER_BYTES])[4])
 

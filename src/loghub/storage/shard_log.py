@@ -575,6 +575,7 @@ class ShardLog:
             for segment, plan in plans:
                 try:
                     parts, taken_bytes = segment.read(
+                        segment.read_fd,
                         plan,
                         count_max - len(state.parts),
                         bytes_max - state.taken_bytes,
@@ -612,8 +613,9 @@ class ShardLog:
             if lost is not None and lost.first_seq < segment_stop:
                 segment_stop = stop_seq = lost.first_seq
             if sequence < segment_stop:
-                segment.pins += 1
-                plans.append((segment, segment.plan_read(sequence, segment_stop)))
+                plan = segment.plan_read(sequence, segment_stop)
+                self._pin(segment)
+                plans.append((segment, plan))
             sequence = segment_stop
             index += 1
         return plans
@@ -664,10 +666,20 @@ class ShardLog:
         with self._lock:
             return sorted(self._lost)
 
+    def _pin(self, segment: Segment) -> None:
+        """Pins the segment and its log's descriptor for a read (lock held): retention may
+        unlink the file meanwhile, but the descriptor stays open until the last unpin."""
+        if segment.pins == 0:
+            segment.read_fd = self._files.acquire(segment.path)
+        segment.pins += 1
+
     def _unpin(self, segment: Segment) -> None:
         segment.pins -= 1
-        if segment.retired and segment.pins == 0:
-            segment.close()
+        if segment.pins == 0:
+            self._files.release(segment.path)
+            segment.read_fd = -1
+            if segment.retired:
+                segment.close()
 
     def _retire(self, segment: Segment) -> None:
         """Closes the segment's descriptors now or at its last reader's unpin (lock held)."""
