@@ -11,6 +11,8 @@ body, so an error means the same thing on both sides of the wire: the server tur
     │   └── StorageClosedError          the shard log was closed
     ├── DatabaseError                   the metadata or lease database failed or is unreachable
     ├── ServerBusy                      over the in-flight bound (503 with Retry-After)
+    ├── StorageFull                     the disk is full: writes fail until space returns
+    ├── DataCorrupted                   a read reached records lost to damage on disk
     ├── RequestError                    the client's mistake (4xx); never retried by the SDK
     │   ├── ParameterInvalid
     │   ├── PostBodyInvalid             undecodable body, bad protobuf, wrong raw size
@@ -64,6 +66,7 @@ __all__ = [
     "CoordinationError",
     "CorruptSegmentError",
     "DatabaseError",
+    "DataCorrupted",
     "IllegalTransition",
     "InvalidAccessKeyId",
     "InvalidCompressType",
@@ -93,6 +96,7 @@ __all__ = [
     "SignatureReused",
     "StorageClosedError",
     "StorageError",
+    "StorageFull",
     "TransportError",
     "Unauthorized",
     "error_class_for_code",
@@ -141,6 +145,33 @@ class ServerBusy(LogHubError):
     A 5xx on purpose: the SDK retries it, which is what a client should do."""
 
     code = "ServerBusy"
+class StorageFull(LogHubError):
+    """No space left for a write; nothing of it was kept, reads go on, writes resume by
+    themselves when space returns. Not a ``StorageError``: those are the server's own faults,
+    whose details stay in its log, while this one the client is told about (and may retry)."""
+
+    code = "StorageFull"
+
+
+class DataCorrupted(LogHubError):
+    """The records a read starts at were lost to damage on disk (they failed their checks).
+    ``first_seq``/``end_seq`` are the lost sequences [first, end) of the shard; reading can
+    resume at ``end_seq``. Like ``StorageFull``, the client is told, so not a StorageError."""
+
+    code = "DataCorrupted"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request_id: str | None = None,
+        status: int | None = None,
+        first_seq: int | None = None,
+        end_seq: int | None = None,
+    ) -> None:
+        super().__init__(message, request_id=request_id, status=status)
+        self.first_seq = first_seq
+        self.end_seq = end_seq
 
 
 class RequestError(LogHubError):

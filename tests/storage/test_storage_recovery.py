@@ -10,8 +10,9 @@ import pytest
 from conftest import OpenLog
 from storage_helpers import SMALL, FakeClock, payload
 
-from loghub.errors import CorruptSegmentError
+from loghub.errors import DataCorrupted
 from loghub.storage import ShardLog, StorageConfig
+from loghub.storage._files import FileCache
 from loghub.storage.segment import HEADER_BYTES, Segment, segment_base_sequences
 
 BIG_SEGMENTS = StorageConfig(
@@ -58,7 +59,9 @@ def test_recover_returns_the_bytes_it_cut(open_log: OpenLog) -> None:
     log_file, _payloads = fill(open_log, 5)
     with open(log_file, "ab") as file:
         file.write(b"junk" * 10)
-    segment = Segment.open(log_file.parent, 0, index_interval_bytes=64, payload_bytes_max=4096)
+    segment = Segment.open(
+        log_file.parent, 0, index_interval_bytes=64, payload_bytes_max=4096, files=FileCache(4)
+    )
     try:
         assert segment.recover() == 40
         assert segment.recover() == 0
@@ -88,7 +91,7 @@ def test_file_cut_mid_header_keeps_the_whole_records(open_log: OpenLog) -> None:
     assert log.read(0, 100, 1 << 20).data == b"".join(payloads[:4])
 
 
-def test_junk_in_the_middle_of_the_last_segment_cuts_from_there(open_log: OpenLog) -> None:
+def test_one_damaged_byte_in_the_last_segment_costs_only_its_record(open_log: OpenLog) -> None:
     log_file, payloads = fill(open_log, 10)
     with open(log_file, "r+b") as file:
         file.seek(3 * record_bytes(20) + HEADER_BYTES + 4)  # inside record 3's payload
@@ -96,20 +99,27 @@ def test_junk_in_the_middle_of_the_last_segment_cuts_from_there(open_log: OpenLo
 
     log = open_log(BIG_SEGMENTS)
 
-    assert log.end_seq == 3
+    assert log.end_seq == 10
+    assert log.lost_ranges() == [(3, 4)]
     assert log.read(0, 100, 1 << 20).data == b"".join(payloads[:3])
-    assert log_file.stat().st_size == 3 * record_bytes(20)
+    with pytest.raises(DataCorrupted) as caught:
+        log.read(3, 100, 1 << 20)
+    assert (caught.value.first_seq, caught.value.end_seq) == (3, 4)
+    assert log.read(4, 100, 1 << 20).data == b"".join(payloads[4:])
+    assert log_file.stat().st_size == 10 * record_bytes(20)
+    assert log.append(b"next", 1000) == 10
 
 
-def test_corrupt_first_record_leaves_an_empty_shard(open_log: OpenLog) -> None:
-    log_file, _payloads = fill(open_log, 3)
+def test_corrupt_first_record_costs_only_the_first_record(open_log: OpenLog) -> None:
+    log_file, payloads = fill(open_log, 3)
     with open(log_file, "r+b") as file:
         file.write(b"\x07")  # format version 7
 
     log = open_log(BIG_SEGMENTS)
 
-    assert (log.begin_seq, log.end_seq) == (0, 0)
-    assert log.append(b"fresh", 1) == 0
+    assert (log.begin_seq, log.end_seq) == (0, 3)
+    assert log.read(1, 10, 1 << 20).data == b"".join(payloads[1:])
+    assert log.append(b"fresh", 1) == 3
 
 
 @pytest.mark.parametrize("damage", ["missing", "truncated", "junk"])
@@ -164,10 +174,11 @@ def test_damaged_index_files_of_a_sealed_segment_are_rebuilt(
     assert [reopened.receive_time_ms(seq) for seq in range(40)] == [1000 + i for i in range(40)]
 
 
-def test_corrupt_sealed_segment_whose_index_is_lost_fails_the_open(open_log: OpenLog) -> None:
+def test_corrupt_sealed_segment_whose_index_is_lost_still_opens(open_log: OpenLog) -> None:
     log = open_log()
-    for index in range(20):
-        log.append(payload(index), 1000)
+    payloads = [payload(index) for index in range(20)]
+    for item in payloads:
+        log.append(item, 1000)
     log.close()
     first = log.path / "00000000000000000000.log"
     first.with_suffix(".index").unlink()
@@ -175,18 +186,29 @@ def test_corrupt_sealed_segment_whose_index_is_lost_fails_the_open(open_log: Ope
         file.seek(HEADER_BYTES + 2)
         file.write(b"?")
 
-    with pytest.raises(CorruptSegmentError):
-        ShardLog.open(log.path, SMALL, FakeClock())
+    reopened = ShardLog.open(log.path, SMALL, FakeClock())
+    try:
+        assert reopened.lost_ranges() == [(0, 1)]
+        assert reopened.read(1, 100, 1 << 20).data == b"".join(payloads[1:])
+        assert reopened.append(b"more", 1000) == 20
+    finally:
+        reopened.close()
 
 
-def test_corruption_found_by_a_read_raises_corrupt_segment(open_log: OpenLog) -> None:
+def test_damage_found_by_a_read_stops_reads_before_it_and_refuses_reads_in_it(
+    open_log: OpenLog,
+) -> None:
     log = open_log(BIG_SEGMENTS)
-    for index in range(5):
-        log.append(payload(index, size=20), 1000)
+    payloads = [payload(index, size=20) for index in range(5)]
+    for item in payloads:
+        log.append(item, 1000)
     with open(log.path / "00000000000000000000.log", "r+b") as file:
         file.seek(2 * record_bytes(20) + HEADER_BYTES)
         file.write(b"!")
 
     assert log.read(0, 2, 1 << 20).count == 2
-    with pytest.raises(CorruptSegmentError):
-        log.read(0, 5, 1 << 20)
+    assert log.read(0, 5, 1 << 20).data == b"".join(payloads[:2])
+    with pytest.raises(DataCorrupted):
+        log.read(2, 5, 1 << 20)
+    assert log.read(3, 5, 1 << 20).data == b"".join(payloads[3:])
+    assert log.statistics().lost_record_count == 1

@@ -19,6 +19,7 @@ from loghub.errors import (
     ShardReadOnly,
     StorageClosedError,
     StorageError,
+    StorageFull,
 )
 from loghub.storage import ShardLog, StorageConfig
 from loghub.storage.segment import HEADER_BYTES, segment_base_sequences
@@ -327,7 +328,7 @@ def test_failed_write_raises_and_leaves_no_partial_record(
 
     with monkeypatch.context() as patch:
         patch.setattr(os, "writev", disk_full)
-        with pytest.raises(StorageError):
+        with pytest.raises(StorageFull):
             log.append(b"lost", 1000)
 
     assert log.end_seq == 3
@@ -358,7 +359,7 @@ def test_failed_write_across_a_roll_takes_back_the_whole_batch(
     with monkeypatch.context() as patch:
         patch.setattr(os, "writev", fail_second_log_write)
         # One raw batch larger than a segment: first chunk written, roll, second write fails.
-        with pytest.raises(StorageError):
+        with pytest.raises(StorageFull):
             log.append_raw(raw)
 
     assert log_writes["count"] == 2
@@ -416,3 +417,27 @@ def test_seal_waits_for_concurrent_appends_and_every_acknowledged_one_is_before_
     assert sorted(acknowledged) == list(range(end))
     assert log.end_seq == end
     log.close()
+
+
+def test_a_planned_read_survives_retention_and_descriptor_eviction(open_log: OpenLog) -> None:
+    """The read pins the log's descriptor when it plans, so neither retention unlinking the
+    file nor the file cache's bound (one idle descriptor here) can pull it away."""
+    config = StorageConfig(
+        segment_bytes_max=256, index_interval_bytes=64, payload_bytes_max=4096, open_files_max=1
+    )
+    log = open_log(config)
+    payloads = append_many(log, 30, time_ms=1_000)
+    with log._lock:
+        plans = log._plan_reads(0, 3)
+    (segment, plan), *_ = plans
+    assert log.apply_retention(now_ms=10_000, ttl_ms=1_000) > 0  # unlinks the planned file
+    assert not segment.path.exists()
+    for index in range(3):  # other files through the one-descriptor cache
+        log.append(payload(100 + index), 20_000)
+
+    parts, _ = segment.read(segment.read_fd, plan, 3, 1 << 20, raw=False, take_first=True)
+
+    assert [bytes(part) for part in parts] == payloads[: len(parts)]
+    with log._lock:
+        for planned, _plan in plans:
+            log._unpin(planned)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from storage_helpers import SMALL, FakeClock
+from storage_helpers import SMALL, FakeClock, payload
 
 from loghub.errors import StorageClosedError
-from loghub.storage import ShardStore
+from loghub.storage import ShardStore, StorageConfig
+from loghub.storage._files import FileCache
 
 
 @pytest.fixture
@@ -90,3 +92,47 @@ def test_closed_store_refuses_shards(store: ShardStore) -> None:
         store.shard("p/l", 0)
     with pytest.raises(StorageClosedError):
         log.read(0, 1, 1)
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_descriptors_stay_within_open_files_max_however_many_shards(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    config = StorageConfig(
+        segment_bytes_max=256, index_interval_bytes=64, payload_bytes_max=4096, open_files_max=4
+    )
+    store = ShardStore(tmp_path / "data", config, clock)
+    before = _open_descriptors()
+    try:
+        for shard_id in range(40):
+            log = store.shard("p/l", shard_id)
+            for index in range(12):  # several segments per shard
+                log.append(payload(index), 1000)
+        for shard_id in range(40):
+            data = store.shard("p/l", shard_id).read(0, 100, 1 << 20).data
+            assert data == b"".join(payload(index) for index in range(12))
+        statistics = store.statistics()
+        assert statistics.open_shard_count == 40
+        assert statistics.open_file_count <= 4
+        assert _open_descriptors() - before <= 4
+    finally:
+        store.close()
+    assert _open_descriptors() <= before
+
+
+def test_file_cache_never_closes_a_descriptor_in_use(tmp_path: Path) -> None:
+    files = FileCache(open_files_max=1)
+    paths = [tmp_path / f"{index}.log" for index in range(3)]
+    for path in paths:
+        path.write_bytes(path.name.encode())
+    in_use = [files.acquire(path) for path in paths]  # three pinned, over the bound of one
+    assert [os.pread(fd, 10, 0) for fd in in_use] == [path.name.encode() for path in paths]
+    for path in paths:
+        files.release(path)
+    assert files.open_count == 1  # the idle ones beyond the bound were closed
+    files.forget(paths[2])
+    files.close()
+    assert files.open_count == 0

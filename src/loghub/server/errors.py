@@ -22,6 +22,12 @@ _STATUS: tuple[tuple[type[errors.LogHubError], int], ...] = (
     (errors.CoordinationError, 500),  # a broken state machine is the server's fault
     (errors.QuotaError, 403),
     (errors.ServerBusy, 503),
+    # Out of space: 507 Insufficient Storage says exactly that, and being >= 500 the SDK
+    # retries it (10 times, a second apart), which is right: space may come back.
+    (errors.StorageFull, 507),
+    # Records lost to damage on disk: 410 Gone, because retrying cannot bring them back (so
+    # not a 5xx the SDK would retry) and it is not the client's mistake either.
+    (errors.DataCorrupted, 410),
     (errors.LogHubError, 500),
 )
 

@@ -10,7 +10,11 @@ Thread-safety: prometheus-client's metrics are thread-safe.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from loghub.storage import ShardStoreStatistics
 
 __all__ = ["CONTENT_TYPE", "ServerMetrics", "api_label"]
 
@@ -67,5 +71,28 @@ class ServerMetrics:
             registry=self.registry,
         )  # fmt: skip
 
+    def watch_storage(self, statistics: Callable[[], ShardStoreStatistics]) -> None:
+        """Gauges read from the shard store at each scrape: damage found on disk (what an
+        operator must hear about, see docs/operations.md) and descriptors held."""
+        gauges = (
+            ("loghub_storage_lost_records", "Log groups lost to damage on disk, found so far "
+             "in the open shards (reads of them get DataCorrupted).", "lost_record_count"),
+            ("loghub_storage_lost_ranges", "Damaged ranges found so far in the open shards.",
+             "lost_range_count"),
+            ("loghub_storage_open_files", "Log file descriptors open right now.",
+             "open_file_count"),
+            ("loghub_storage_open_shards", "Shard logs open.", "open_shard_count"),
+        )  # fmt: skip
+        for name, help_text, field in gauges:
+            gauge = Gauge(name, help_text, registry=self.registry)
+            gauge.set_function(_reader(statistics, field))
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _reader(statistics: Callable[[], ShardStoreStatistics], field: str) -> Callable[[], float]:
+    def read() -> float:
+        return float(getattr(statistics(), field))
+
+    return read

@@ -20,6 +20,7 @@ from typing import Any
 
 from loghub._clock import Clock
 from loghub.errors import (
+    DataCorrupted,
     InvalidCursor,
     LogHubError,
     LogStoreInfoInvalid,
@@ -35,7 +36,13 @@ from loghub.server.groups import GroupService
 from loghub.server.metrics import ServerMetrics
 from loghub.server.quotas import ShardQuota, ShardQuotas, rate_per_s_max
 from loghub.server.validation import BodyChecker
-from loghub.storage import ReadBatch, ShardLog, ShardStore, StorageConfig
+from loghub.storage import (
+    ReadBatch,
+    ShardLog,
+    ShardStore,
+    StorageConfig,
+    raise_open_files_limit,
+)
 from loghub.wire.compression import compress
 from loghub.wire.cursor import decode_cursor, encode_cursor
 from loghub.wire.logs import frame_log_group
@@ -66,6 +73,17 @@ class LogHubService:
         self.config = config
         self.clock = clock
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        # Descriptors are bounded by the storage's file cache, but sockets are not: take
+        # whatever the hard limit allows.
+        soft, hard = raise_open_files_limit()
+        # Idle log files may take half of the limit; sockets and the database get the rest.
+        open_files_max = max(16, min(StorageConfig().open_files_max, soft // 2))
+        log.info(
+            "open files limit: soft %d, hard %d; idle log files kept open: %d",
+            soft,
+            hard,
+            open_files_max,
+        )
         self.metadata = MetadataStore.open(config.metadata_url(), clock)
         self.storage = ShardStore(
             config.data_dir / "shards",
@@ -77,11 +95,13 @@ class LogHubService:
                 # let in (32 MiB), so lowering the body limit cannot make stored records
                 # look damaged.
                 payload_bytes_max=max(config.limits.raw_body_bytes_max, _RECORD_BYTES_FLOOR) + 16,
+                open_files_max=open_files_max,
             ),
             clock,
         )
         self.groups = GroupService(self.metadata, self.storage, clock)
         self.metrics = ServerMetrics()
+        self.metrics.watch_storage(self.storage.statistics)
         self._round_robin = itertools.count()
         self.body_checker = BodyChecker(
             config.limits, config.parse_processes, config.parse_inline_bytes_max
@@ -274,7 +294,10 @@ class LogHubService:
 
     def get_cursor_time(self, project: str, logstore: str, shard_id: int, cursor: str) -> int:
         shard_log = self.shard_log(project, logstore, shard_id)
-        return shard_log.receive_time_ms(decode_cursor(cursor)) // 1000
+        try:
+            return shard_log.receive_time_ms(decode_cursor(cursor)) // 1000
+        except DataCorrupted as exc:
+            raise _with_cursors(exc, logstore, shard_id) from exc
 
     def pull_logs(
         self,
@@ -298,7 +321,10 @@ class LogHubService:
             raise InvalidCursor(f"end_cursor {end_cursor} is before cursor {cursor}")
         quota, quota_key = self.shard_quota(store), (project, logstore, shard_id)
         self.quotas.admit_read(quota_key, quota)
-        batch: ReadBatch = shard_log.read(start, count, limits.pull_bytes_max, end)
+        try:
+            batch: ReadBatch = shard_log.read(start, count, limits.pull_bytes_max, end)
+        except DataCorrupted as exc:
+            raise _with_cursors(exc, logstore, shard_id) from exc
         self.quotas.charge_read(quota_key, quota, len(batch.data))
         self.metrics.pull_groups.inc(batch.count)
         self.metrics.pull_bytes.inc(len(batch.data))
@@ -350,6 +376,20 @@ class _Sealer:
 
     def unseal(self, shard_id: int) -> None:
         self._service.storage.shard(self._store.storage_key, shard_id).unseal()
+
+
+def _with_cursors(error: DataCorrupted, logstore: str, shard_id: int) -> DataCorrupted:
+    """The storage's DataCorrupted told in cursors, the reader's unit, with the cursor to
+    resume from (a consumer may checkpoint it to move past the damage)."""
+    assert error.first_seq is not None and error.end_seq is not None
+    lost = error.end_seq - error.first_seq
+    return DataCorrupted(
+        f"{lost} log groups from cursor {encode_cursor(error.first_seq)} of shard {shard_id} "
+        f"of logstore {logstore} were lost to damage on the server's disk; reading can "
+        f"resume at cursor {encode_cursor(error.end_seq)}",
+        first_seq=error.first_seq,
+        end_seq=error.end_seq,
+    )
 
 
 def _writable(shard: Shard) -> bool:

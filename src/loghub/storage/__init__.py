@@ -4,10 +4,11 @@ payload is opaque bytes. Byte layouts, crash behaviour and thread-safety are in 
 docstring (``segment``, ``offset_index``, ``time_index``, ``shard_log``, ``shard_store``).
 """
 
+from loghub.storage._files import raise_open_files_limit
 from loghub.storage.offset_index import OffsetIndex
 from loghub.storage.segment import Segment
 from loghub.storage.shard_log import ReadBatch, ShardLog, ShardLogStatistics, StorageConfig
-from loghub.storage.shard_store import ShardStore
+from loghub.storage.shard_store import ShardStore, ShardStoreStatistics
 from loghub.storage.time_index import TimeIndex
 
 __all__ = [
@@ -17,6 +18,8 @@ __all__ = [
     "ShardLog",
     "ShardLogStatistics",
     "ShardStore",
+    "ShardStoreStatistics",
     "StorageConfig",
     "TimeIndex",
+    "raise_open_files_limit",
 ]

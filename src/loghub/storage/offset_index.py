@@ -1,16 +1,22 @@
 """The offset index: where a record starts in its segment's log, for a sparse set of records.
 
-Byte layout of ``<base_seq:020d>.index``: a flat array of 8-byte entries, big-endian
+Byte layout of ``<base_seq:020d>.index``: a flat array of 8-byte entries
+(then the 8-byte checksum trailer of ``_pair_index``), big-endian
 ``(relative_sequence u32, position u32)``, where relative_sequence = sequence - base_seq and
 position is the record's first byte in the ``.log`` file. The first entry is always ``(0, 0)``
 (the segment's first record); a new entry is added for the first record that starts at least
 ``index_interval_bytes`` after the last indexed one. Both fields strictly increase. To find
 record ``s``: take the last entry with relative_sequence <= s - base_seq and walk record
-headers forward from its position (less than one interval plus one record).
+headers forward from its position (less than one interval plus one record). Damage changes
+two things: the first intact record after a lost range always gets an entry (so no walk
+crosses damaged bytes), and when the segment's first record is lost the first entry is that
+of the first intact record (such an index never passes ``is_consistent``, so the segment is
+rescanned on each open). An entry is checked on use: the walk compares every header's
+sequence with the one expected, and a mismatch makes the shard log rescan the segment.
 
 Who writes it: the shard log's single writer appends entries after the records they describe
-are written. Entries are kept in memory as arrays and appended to the file without fsync; the
-file is fsynced when the segment is rolled (sealed).
+are written. Entries are kept in memory as arrays; the file (entries, then the checksum trailer
+described in ``_pair_index``) is written when the segment is sealed (and fsynced) or closed.
 
 After a crash: the log is the truth. The last segment's index is rebuilt from its log on open;
 an earlier segment's index is checked (``is_consistent``) and rebuilt if missing, truncated or

@@ -14,15 +14,28 @@ Header, big-endian (``struct`` format ``>BBIQQII``):
     26      4     crc32c            u32  CRC32C of bytes 0..25 of the header, then the payload
     30      n     payload
 
+The fixed leading bytes (format version 1, attributes 0) are the record's magic: to find the
+next record after damage, ``_resync`` looks for them and accepts a candidate only when its
+sequence is after the damaged one (and no further than the bytes in between allow), its length
+fits the file, its time does not go back and its CRC32C over header and payload matches. A
+false match needs a 32-bit CRC collision on top of those checks. The layout is unchanged from
+the first release, so every segment ever written reads as it did.
+
 Who writes it: only the shard log's writer (one thread at a time), appending with ``os.write``
 on an ``O_APPEND`` descriptor; readers use ``os.pread`` and check every record's CRC.
+Descriptors come from the shard store's ``FileCache``; a segment holds none between uses.
 
-After a crash: the tail of the last segment may hold a torn or unsynced record. ``recover()``
-walks the whole last segment checking header fields, lengths, sequence continuity,
-non-decreasing times and CRCs, cuts the file at the first bad or incomplete record
-(ftruncate + fsync), rebuilds both indexes from what remains and returns the bytes cut.
-Earlier segments were fsynced (log and indexes) before the roll, so ``check_sealed()`` only
-checks their indexes against the log's tail and rebuilds them if missing or inconsistent.
+After a crash or damage: ``recover()`` (the last segment) and ``scan()`` walk every record
+checking header fields, lengths, sequence continuity, non-decreasing times and CRCs. A bad
+record followed by an intact one is damage in the middle: the bytes stay, the sequences in
+between become a ``LostRange`` (reads that reach it are refused, see ``ShardLog.read``), and
+the walk goes on from the intact record, whose own sequence says how many were lost. A bad
+record with nothing intact after it in the last segment is a torn tail (a write never
+acknowledged): it is cut (ftruncate + fsync). In an earlier segment nothing is cut; the lost
+range then runs to the next segment's base. Earlier segments were fsynced (log and indexes)
+before the roll, so ``check_sealed()`` only checks their indexes (checksum, shape, and the
+log's records after the last offset entry) and scans the log when they disagree. Damage in
+the middle of an earlier segment is found by the read that meets it, which rescans.
 
 Thread-safety: not thread-safe by itself. The shard log serializes writers, keeps the index
 lookups under its lock, and lets readers ``pread`` concurrently: a reader only walks bytes
@@ -41,13 +54,14 @@ from pathlib import Path
 import crc32c
 
 from loghub.errors import CorruptSegmentError
-from loghub.storage._files import pread_fully, writev_fully
+from loghub.storage._files import FileCache, pread_fully, writev_fully
 from loghub.storage.offset_index import OffsetIndex
 from loghub.storage.time_index import TimeIndex
 
 __all__ = [
     "FORMAT_VERSION",
     "HEADER_BYTES",
+    "LostRange",
     "ReadPlan",
     "Segment",
     "check_header",
@@ -65,6 +79,7 @@ HEADER_BYTES = HEADER.size
 _CRC_COVERED = struct.Struct(">BBIQQI")
 _CRC = struct.Struct(">I")
 _CRC_COVERED_BYTES = _CRC_COVERED.size
+_MAGIC = bytes([FORMAT_VERSION, 0])  # format version, attributes: how a record starts
 assert HEADER_BYTES == 30 and _CRC_COVERED_BYTES == 26
 
 _U32_MAX = 2**32 - 1
@@ -128,6 +143,21 @@ def check_header(
     return None
 
 
+@dataclass(frozen=True)
+class LostRange:
+    """Records [first_seq, end_seq) of a segment that failed their checks: the damaged
+    bytes [position, end_position) stay in the file, but no read returns them."""
+
+    first_seq: int
+    end_seq: int
+    position: int
+    end_position: int
+
+    @property
+    def record_count(self) -> int:
+        return self.end_seq - self.first_seq
+
+
 class _ChunkReader:
     """Views of a file's bytes below ``limit``, read with as few preads as possible."""
 
@@ -183,14 +213,19 @@ class _IndexBuilder:
             self.time_entries.append((receive_time_ms, relative_sequence))
             self.last_time_ms = receive_time_ms
 
+    def after_lost_range(self) -> None:
+        """The next record gets an offset entry, so that no read walks damaged bytes."""
+        self.last_offset_position = None
+
 
 @dataclass(frozen=True)
 class _ScanResult:
-    valid_size_bytes: int
-    record_count: int
+    valid_size_bytes: int  # the end of the last intact record
+    next_seq: int  # one past the last intact record (or lost range) found
     offset_entries: list[tuple[int, int]]
     time_entries: list[tuple[int, int]]
-    problem: str | None
+    lost: list[LostRange]
+    problem: str | None  # what ended the walk before the end of the file
 
 
 @dataclass(frozen=True)
@@ -205,7 +240,7 @@ class ReadPlan:
 
 
 class Segment:
-    """One segment's files, open. Create with ``create`` or ``open``."""
+    """One segment's files. Create with ``create`` or ``open``."""
 
     def __init__(
         self,
@@ -215,41 +250,43 @@ class Segment:
         create: bool,
         index_interval_bytes: int,
         payload_bytes_max: int,
+        files: FileCache,
     ) -> None:
         assert index_interval_bytes > 0 and payload_bytes_max >= 0
         self.directory = directory
         self.base_seq = base_seq
         self.index_interval_bytes = index_interval_bytes
         self.payload_bytes_max = payload_bytes_max
+        self.files = files
         self.path = directory / segment_file_name(base_seq, ".log")
-        flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
         if create:
-            flags |= os.O_CREAT | os.O_EXCL
-        self.fd = os.open(self.path, flags, _FILE_MODE)
-        try:
-            self.offset_index = OffsetIndex(
-                directory / segment_file_name(base_seq, ".index"), create=create
-            )
-            try:
-                self.time_index = TimeIndex(
-                    directory / segment_file_name(base_seq, ".timeindex"), create=create
-                )
-            except BaseException:
-                self.offset_index.close()
-                raise
-        except BaseException:
-            os.close(self.fd)
-            raise
-        self.size_bytes = os.fstat(self.fd).st_size  # written, by the writer
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            os.close(os.open(self.path, flags, _FILE_MODE))
+        self.offset_index = OffsetIndex(
+            directory / segment_file_name(base_seq, ".index"), create=create
+        )
+        self.time_index = TimeIndex(
+            directory / segment_file_name(base_seq, ".timeindex"), create=create
+        )
+        self.size_bytes = self.path.stat().st_size  # written, by the writer
         self.committed_size_bytes = self.size_bytes  # readable, published under the shard lock
         self.next_seq = base_seq  # known after recover() or check_sealed()
-        self.pins = 0  # readers using the descriptors; guarded by the shard lock
+        self.lost: list[LostRange] = []  # damaged ranges found so far, ascending
+        self.pins = 0  # readers using the file; guarded by the shard lock
+        self.read_fd = -1  # the log's descriptor while pinned (pins > 0)
         self.retired = False
         self._closed = False
+        self._deleted = False
 
     @classmethod
     def create(
-        cls, directory: Path, base_seq: int, *, index_interval_bytes: int, payload_bytes_max: int
+        cls,
+        directory: Path,
+        base_seq: int,
+        *,
+        index_interval_bytes: int,
+        payload_bytes_max: int,
+        files: FileCache,
     ) -> Segment:
         """A new empty segment. The caller fsyncs the directory."""
         return cls(
@@ -258,11 +295,18 @@ class Segment:
             create=True,
             index_interval_bytes=index_interval_bytes,
             payload_bytes_max=payload_bytes_max,
+            files=files,
         )
 
     @classmethod
     def open(
-        cls, directory: Path, base_seq: int, *, index_interval_bytes: int, payload_bytes_max: int
+        cls,
+        directory: Path,
+        base_seq: int,
+        *,
+        index_interval_bytes: int,
+        payload_bytes_max: int,
+        files: FileCache,
     ) -> Segment:
         """An existing segment; call ``recover()`` (last) or ``check_sealed()`` (earlier) next."""
         return cls(
@@ -271,62 +315,102 @@ class Segment:
             create=False,
             index_interval_bytes=index_interval_bytes,
             payload_bytes_max=payload_bytes_max,
+            files=files,
         )
 
     @property
     def record_count(self) -> int:
+        """Sequences the segment spans (lost ones included)."""
         return self.next_seq - self.base_seq
 
     @property
     def max_time_ms(self) -> int | None:
         return self.time_index.max_time_ms
 
+    def lost_range_at(self, sequence: int) -> LostRange | None:
+        for lost in self.lost:
+            if lost.first_seq <= sequence < lost.end_seq:
+                return lost
+        return None
+
+    def first_lost_at_or_after(self, sequence: int) -> LostRange | None:
+        for lost in self.lost:
+            if lost.end_seq > sequence:
+                return lost
+        return None
+
     # --- recovery -----------------------------------------------------------------------
 
     def recover(self) -> int:
-        """Cuts the log at its first bad or incomplete record; returns the bytes cut."""
-        file_size = os.fstat(self.fd).st_size
-        result = self._scan(file_size)
+        """The last segment on open: keeps every intact record, notes damaged ranges in the
+        middle, cuts a torn tail; returns the bytes cut."""
+        file_size = self.path.stat().st_size
+        result = self._scan(file_size, None)
         cut_bytes = file_size - result.valid_size_bytes
-        if cut_bytes:
-            logger.warning(
-                "%s: cut %d bytes at position %d (%s)",
-                self.path,
-                cut_bytes,
-                result.valid_size_bytes,
-                result.problem,
-            )
-            os.ftruncate(self.fd, result.valid_size_bytes)
-            os.fsync(self.fd)
+        with self.files.use(self.path) as fd:
+            if cut_bytes:
+                logger.warning(
+                    "%s: cut %d bytes at position %d (%s)",
+                    self.path,
+                    cut_bytes,
+                    result.valid_size_bytes,
+                    result.problem,
+                )
+                os.ftruncate(fd, result.valid_size_bytes)
+                os.fsync(fd)
         self.size_bytes = self.committed_size_bytes = result.valid_size_bytes
-        self.next_seq = self.base_seq + result.record_count
-        if not self.offset_index.intact or self.offset_index.entries() != result.offset_entries:
-            self.offset_index.reset(result.offset_entries)
-        if not self.time_index.intact or self.time_index.entries() != result.time_entries:
-            self.time_index.reset(result.time_entries)
+        self._adopt(result)
         return cut_bytes
 
     def check_sealed(self, next_seq: int) -> None:
-        """Checks an earlier (fsynced) segment holds [base_seq, next_seq); rebuilds indexes."""
+        """Checks an earlier (fsynced) segment holds [base_seq, next_seq); when its indexes
+        disagree with its log, rescans the log (noting damaged ranges) and rebuilds them."""
         assert next_seq >= self.base_seq
         self.next_seq = next_seq
         if self._indexes_match_log():
             return
         logger.info("%s: rebuilding its indexes", self.path)
-        result = self._scan(self.size_bytes)
-        if (
-            result.problem is not None
-            or result.valid_size_bytes != self.size_bytes
-            or result.record_count != self.record_count
-        ):
-            raise CorruptSegmentError(
-                f"{self.path}: sealed segment should hold {self.record_count} records "
-                f"but holds {result.record_count} valid ones ({result.problem})"
+        self.rescan()
+
+    def rescan(self) -> list[LostRange]:
+        """Walks the segment's committed bytes, notes its damaged ranges and rebuilds both
+        indexes (written; they are a cache, so not fsynced). Nothing is cut: the records it
+        spans were acknowledged, so a bad tail here is a lost range up to ``next_seq``.
+        Returns the damaged ranges not known before. The caller holds the shard lock and the
+        writer role, so that no append moves the segment meanwhile."""
+        assert self.next_seq >= self.base_seq
+        end_seq = self.next_seq
+        result = self._scan(self.committed_size_bytes, end_seq)
+        known = set(self.lost)
+        lost = list(result.lost)
+        if result.next_seq < end_seq:  # the rest of the file is gone or unreadable
+            lost.append(
+                LostRange(
+                    result.next_seq, end_seq, result.valid_size_bytes, self.committed_size_bytes
+                )
             )
-        self.offset_index.reset(result.offset_entries)
-        self.time_index.reset(result.time_entries)
-        self.offset_index.sync()
-        self.time_index.sync()
+        self._adopt(result, lost)
+        self.next_seq = end_seq
+        return [item for item in lost if item not in known]
+
+    def _adopt(self, result: _ScanResult, lost: list[LostRange] | None = None) -> None:
+        """Takes a scan's findings: end, lost ranges (logged), and indexes (rewritten when
+        they differ from the file's)."""
+        self.next_seq = result.next_seq
+        self.lost = result.lost if lost is None else lost
+        for item in self.lost:
+            logger.error(
+                "%s: records %d..%d (bytes %d..%d) are damaged and will not be served",
+                self.path,
+                item.first_seq,
+                item.end_seq - 1,
+                item.position,
+                item.end_position,
+            )
+        if not self.offset_index.intact or self.offset_index.entries() != result.offset_entries:
+            self.offset_index.reset(result.offset_entries, write=True)
+        if not self.time_index.intact or self.time_index.entries() != result.time_entries:
+            self.time_index.reset(result.time_entries, write=True)
 
     def _indexes_match_log(self) -> bool:
         count = self.record_count
@@ -340,60 +424,141 @@ class Segment:
         # Walk the headers after the last entry: they must end exactly at the end of the file.
         relative_sequence, position = last
         sequence = self.base_seq + relative_sequence
-        reader = _ChunkReader(self.fd, self.size_bytes, _READ_CHUNK_BYTES_MIN)
         last_time_ms = -1
-        while position < self.size_bytes:
-            header = reader.view(position, HEADER_BYTES)
-            if header is None:
-                return False
-            fields = HEADER.unpack(header)
-            if check_header(fields, sequence, self.payload_bytes_max) is not None:
-                return False
-            last_time_ms = fields[4]
-            position += HEADER_BYTES + fields[5]
-            sequence += 1
+        with self.files.use(self.path) as fd:
+            reader = _ChunkReader(fd, self.size_bytes, _READ_CHUNK_BYTES_MIN)
+            while position < self.size_bytes:
+                header = reader.view(position, HEADER_BYTES)
+                if header is None:
+                    return False
+                fields = HEADER.unpack(header)
+                if check_header(fields, sequence, self.payload_bytes_max) is not None:
+                    return False
+                last_time_ms = fields[4]
+                position += HEADER_BYTES + fields[5]
+                sequence += 1
         return (
             position == self.size_bytes
             and sequence == self.next_seq
             and last_time_ms == self.time_index.max_time_ms
         )
 
-    def _scan(self, file_size: int) -> _ScanResult:
-        """Walks every record from the start, checking everything; stops at the first fault."""
-        reader = _ChunkReader(self.fd, file_size, _SCAN_CHUNK_BYTES)
+    def _scan(self, file_size: int, end_seq: int | None) -> _ScanResult:
+        """Walks every record from the start, checking everything. A bad record is skipped
+        when an intact one follows it (a lost range); otherwise the walk ends there.
+        ``end_seq``, when known (a sealed segment), bounds the sequences accepted."""
         builder = _IndexBuilder(self.base_seq, self.index_interval_bytes, None, None)
         position = 0
         sequence = self.base_seq
         problem: str | None = None
-        while position < file_size:
-            header = reader.view(position, HEADER_BYTES)
-            if header is None:
-                problem = "incomplete header"
-                break
-            fields = HEADER.unpack(header)
-            problem = check_header(fields, sequence, self.payload_bytes_max)
-            last_time_ms = builder.last_time_ms
-            if problem is None and last_time_ms is not None and fields[4] < last_time_ms:
-                problem = "receive time went back"
-            if problem is not None:
-                break
-            record = reader.view(position, HEADER_BYTES + fields[5])
-            if record is None:
-                problem = "incomplete record"
-                break
-            if not record_crc_matches(record):
-                problem = "CRC mismatch"
-                break
-            builder.add(sequence, fields[4], position)
-            position += len(record)
-            sequence += 1
+        lost: list[LostRange] = []
+        sequence_limit = _U64_MAX + 1 if end_seq is None else end_seq
+        with self.files.use(self.path) as fd:
+            reader = _ChunkReader(fd, file_size, _SCAN_CHUNK_BYTES)
+            while position < file_size:
+                problem, record_bytes, time_ms = self._check_record(
+                    reader, position, sequence, builder.last_time_ms
+                )
+                if problem is None and sequence >= sequence_limit:
+                    problem = f"sequence {sequence} past the segment's end {sequence_limit}"
+                if problem is None:
+                    builder.add(sequence, time_ms, position)
+                    position += record_bytes
+                    sequence += 1
+                    continue
+                found = self._resync(
+                    fd, file_size, position, sequence, sequence_limit, builder.last_time_ms
+                )
+                if found is None:
+                    break
+                next_position, next_seq = found
+                lost.append(LostRange(sequence, next_seq, position, next_position))
+                builder.after_lost_range()
+                position, sequence, problem = next_position, next_seq, None
         return _ScanResult(
             valid_size_bytes=position,
-            record_count=sequence - self.base_seq,
+            next_seq=sequence,
             offset_entries=builder.offset_entries,
             time_entries=builder.time_entries,
+            lost=lost,
             problem=problem,
         )
+
+    def _check_record(
+        self, reader: _ChunkReader, position: int, sequence: int, last_time_ms: int | None
+    ) -> tuple[str | None, int, int]:
+        """(problem or None, record bytes, receive time) of the record at ``position``."""
+        header = reader.view(position, HEADER_BYTES)
+        if header is None:
+            return "incomplete header", 0, 0
+        fields = HEADER.unpack(header)
+        problem = check_header(fields, sequence, self.payload_bytes_max)
+        if problem is None and last_time_ms is not None and fields[4] < last_time_ms:
+            problem = "receive time went back"
+        if problem is not None:
+            return problem, 0, 0
+        record = reader.view(position, HEADER_BYTES + fields[5])
+        if record is None:
+            return "incomplete record", 0, 0
+        if not record_crc_matches(record):
+            return "CRC mismatch", 0, 0
+        return None, len(record), fields[4]
+
+    def _resync(
+        self,
+        fd: int,
+        file_size: int,
+        bad_position: int,
+        bad_sequence: int,
+        sequence_limit: int,
+        last_time_ms: int | None,
+    ) -> tuple[int, int] | None:
+        """The (position, sequence) of the first intact record after a bad one, or None.
+
+        A candidate must start with the record magic, carry a sequence after the bad one and
+        no further than the bytes in between can hold (every record takes at least a header),
+        fit the file, keep times non-decreasing and match its CRC."""
+        chunk_start = bad_position + 1
+        while chunk_start + HEADER_BYTES <= file_size:
+            chunk = pread_fully(fd, _SCAN_CHUNK_BYTES + HEADER_BYTES, chunk_start)
+            index = chunk.find(_MAGIC)
+            while index != -1 and index < _SCAN_CHUNK_BYTES:
+                position = chunk_start + index
+                if position + HEADER_BYTES > file_size:
+                    return None
+                header = chunk[index : index + HEADER_BYTES]
+                if self._is_resync_point(
+                    fd, file_size, header, position, bad_position, bad_sequence, sequence_limit,
+                    last_time_ms,
+                ):  # fmt: skip
+                    return position, HEADER.unpack(header)[3]
+                index = chunk.find(_MAGIC, index + 1)
+            chunk_start += _SCAN_CHUNK_BYTES
+        return None
+
+    def _is_resync_point(
+        self,
+        fd: int,
+        file_size: int,
+        header: bytes,
+        position: int,
+        bad_position: int,
+        bad_sequence: int,
+        sequence_limit: int,
+        last_time_ms: int | None,
+    ) -> bool:
+        """Cheap checks on the candidate's header first; the CRC only for the survivors."""
+        if len(header) < HEADER_BYTES:
+            return False
+        _version, _attributes, _epoch, sequence, time_ms, length, _crc = HEADER.unpack(header)
+        lost_max = (position - bad_position) // HEADER_BYTES
+        if not bad_sequence < sequence <= bad_sequence + lost_max or sequence >= sequence_limit:
+            return False
+        if length > self.payload_bytes_max or position + HEADER_BYTES + length > file_size:
+            return False
+        if last_time_ms is not None and time_ms < last_time_ms:
+            return False
+        return record_crc_matches(pread_fully(fd, HEADER_BYTES + length, position))
 
     # --- writing (the shard log's writer only) -------------------------------------------
 
@@ -410,7 +575,11 @@ class Segment:
             parts.append(header)
             parts.append(payload)
             position += HEADER_BYTES + len(payload)
-        writev_fully(self.fd, parts)
+        fd = self.files.acquire(self.path)  # not ``use``: this is the hot path
+        try:
+            writev_fully(fd, parts)
+        finally:
+            self.files.release(self.path)
         self.size_bytes = position
         self.next_seq += len(placements)
         return placements
@@ -431,26 +600,29 @@ class Segment:
     def truncate(self, size_bytes: int, next_seq: int) -> None:
         """Takes back records written but not acknowledged (under the shard lock)."""
         assert size_bytes <= self.size_bytes and next_seq <= self.next_seq
-        os.ftruncate(self.fd, size_bytes)
-        self.size_bytes = size_bytes
-        self.next_seq = next_seq
-        self.offset_index.truncate_to(next_seq - self.base_seq)
-        self.time_index.truncate_to(next_seq - self.base_seq)
-        os.fdatasync(self.fd)
+        with self.files.use(self.path) as fd:
+            os.ftruncate(fd, size_bytes)
+            self.size_bytes = size_bytes
+            self.next_seq = next_seq
+            self.offset_index.truncate_to(next_seq - self.base_seq)
+            self.time_index.truncate_to(next_seq - self.base_seq)
+            os.fdatasync(fd)
 
     def sync(self) -> None:
-        os.fdatasync(self.fd)
+        with self.files.use(self.path) as fd:
+            os.fdatasync(fd)
 
     def seal(self) -> None:
         """Makes the log and both indexes durable; the segment takes no more records."""
-        os.fdatasync(self.fd)
+        self.sync()
         self.offset_index.sync()
         self.time_index.sync()
 
     # --- reading --------------------------------------------------------------------------
 
     def plan_read(self, start_seq: int, stop_seq: int) -> ReadPlan:
-        """Where to read records [start_seq, stop_seq) of this segment (under the shard lock)."""
+        """Where to read records [start_seq, stop_seq) of this segment (under the shard lock).
+        The range must hold no lost record (the shard log stops reads before one)."""
         assert self.base_seq <= start_seq < stop_seq <= self.next_seq
         relative_sequence, position = self.offset_index.floor(start_seq - self.base_seq)
         limit = self.committed_size_bytes
@@ -460,16 +632,26 @@ class Segment:
         return ReadPlan(position, self.base_seq + relative_sequence, start_seq, stop_seq, limit)
 
     def read(
-        self, plan: ReadPlan, count_max: int, bytes_max: int, *, raw: bool, take_first: bool
+        self,
+        fd: int,
+        plan: ReadPlan,
+        count_max: int,
+        bytes_max: int,
+        *,
+        raw: bool,
+        take_first: bool,
     ) -> tuple[list[memoryview], int]:
         """Records of ``plan``, at most ``count_max`` and ``bytes_max`` bytes (payload bytes,
         or whole records when ``raw``; the first record is taken regardless when
-        ``take_first``). Returns the payloads (or records) and the bytes counted."""
+        ``take_first``). Returns the payloads (or records) and the bytes counted. Raises
+        CorruptSegmentError when a record (or the index entry leading to it) is wrong.
+        ``fd`` is the log's descriptor, pinned by the caller since before it planned the
+        read, so that retention cannot unlink the file between the plan and the read."""
         # One pread covers the usual read; a larger one refills as it goes.
         skip_bytes = self.index_interval_bytes if plan.position_seq < plan.start_seq else 0
         wanted_bytes = bytes_max + HEADER_BYTES * (min(count_max, 1024) + 1)
         chunk_bytes = skip_bytes + min(wanted_bytes, _READ_CHUNK_BYTES_MAX)
-        reader = _ChunkReader(self.fd, plan.limit_position, max(chunk_bytes, _READ_CHUNK_BYTES_MIN))
+        reader = _ChunkReader(fd, plan.limit_position, max(chunk_bytes, _READ_CHUNK_BYTES_MIN))
         position = plan.position
         sequence = plan.position_seq
         parts: list[memoryview] = []
@@ -498,21 +680,37 @@ class Segment:
             sequence += 1
         return parts, taken_bytes
 
+    def read_time_ms(self, sequence: int) -> int:
+        """The receive time in record ``sequence``'s own header (CRC-checked), so that a
+        damaged time index cannot give a wrong answer. Under the shard lock."""
+        plan = self.plan_read(sequence, sequence + 1)
+        with self.files.use(self.path) as fd:
+            parts, _ = self.read(fd, plan, 1, 0, raw=True, take_first=True)
+        assert len(parts) == 1
+        return int(HEADER.unpack(parts[0][:HEADER_BYTES])[4])
+
     def _corrupt(self, position: int, problem: str) -> CorruptSegmentError:
         return CorruptSegmentError(f"{self.path} at position {position}: {problem}")
 
     # --- life cycle -------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Forgets the cached descriptor; writes the indexes when they changed (a clean close
+        spares the next open a rebuild)."""
         if self._closed:
             return
         self._closed = True
-        os.close(self.fd)
-        self.offset_index.close()
-        self.time_index.close()
+        self.files.forget(self.path)
+        if not self._deleted:
+            try:  # not fsynced: a torn index fails its checksum and is rebuilt
+                self.offset_index.sync(durable=False)
+                self.time_index.sync(durable=False)
+            except OSError as exc:
+                logger.warning("%s: indexes not written at close: %r", self.path, exc)
 
     def delete_files(self) -> None:
         """Unlinks the log first: an index left without its log is ignored and overwritten."""
+        self._deleted = True
         self.path.unlink(missing_ok=True)
         self.offset_index.path.unlink(missing_ok=True)
         self.time_index.path.unlink(missing_ok=True)

@@ -13,13 +13,21 @@ Life cycle of an append under ``fsync_policy="always"`` (group commit, leader/fo
     followers, whose records went out in that batch (or become the next leader)
 
 Under ``"interval"`` the append returns after the write, and a background thread fdatasyncs
-every ``fsync_interval_ms``. A failed write or sync (disk full...) truncates the file back to
-where the batch began and raises ``StorageError`` for every record of the batch.
+every ``fsync_interval_ms``. A failed write or sync truncates the file back to where the batch
+began and raises, for every record of the batch, ``StorageFull`` when the disk is full (the
+next append tries again, so writes resume when space returns) or ``StorageError`` otherwise.
 
 After a crash: ``open`` runs ``Segment.recover`` on the last segment (cuts a torn tail, logs
-the bytes cut) and ``check_sealed`` on earlier ones. Records acknowledged under "always" are
-on disk; under "interval" the last ``fsync_interval_ms`` may be lost. Sequence numbers never
-go back: after retention removes everything, an empty segment named by end_seq remains.
+the bytes cut, keeps intact records after damage in the middle) and ``check_sealed`` on
+earlier ones. Records acknowledged under "always" are on disk; under "interval" the last
+``fsync_interval_ms`` may be lost. Sequence numbers never go back: after retention removes
+everything, an empty segment named by end_seq remains; records lost to damage keep their
+sequences (a ``LostRange``), so no sequence or cursor is ever given to other data.
+
+Damage: a read that starts in a lost range raises ``DataCorrupted`` (with the range, so that
+the reader can resume after it); a read that starts before one stops at its first sequence.
+A read that meets damage not yet known (a record or an index entry failing its checks)
+rescans that segment once, notes what it finds, and is planned again.
 Receive times are stored as max(previous, given); the previous time is read back from the
 time indexes on open, so it is forgotten only when retention has emptied the shard.
 
@@ -32,6 +40,7 @@ that retention can unlink a segment under them; its descriptors close at the las
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
 import os
 import threading
@@ -42,16 +51,19 @@ from typing import Literal
 from loghub._clock import Clock
 from loghub.errors import (
     CorruptSegmentError,
+    DataCorrupted,
     InvalidCursor,
     PostBodyTooLarge,
     ShardReadOnly,
     StorageClosedError,
     StorageError,
+    StorageFull,
 )
-from loghub.storage._files import fsync_directory
+from loghub.storage._files import FileCache, fsync_directory
 from loghub.storage.segment import (
     HEADER,
     HEADER_BYTES,
+    LostRange,
     ReadPlan,
     Segment,
     check_header,
@@ -66,6 +78,7 @@ logger = logging.getLogger("loghub.storage")
 
 _POSITION_MAX = 2**32 - 1
 _LEADER_EPOCH = 0  # a single server; replication will carry the leader's epoch
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,10 @@ class StorageConfig:
     segment_bytes_max: int = 256 * 1024 * 1024
     index_interval_bytes: int = 4096
     payload_bytes_max: int = 64 * 1024 * 1024
+    # Log file descriptors kept open while unused, across every shard of a store (least
+    # recently used closed first); files in use are open on top of it. 512 leaves half of
+    # the common `ulimit -n 1024` to sockets and the metadata database.
+    open_files_max: int = 512
 
     def __post_init__(self) -> None:
         if self.fsync_policy not in ("always", "interval"):
@@ -88,6 +105,8 @@ class StorageConfig:
             raise ValueError("fsync_interval_ms must be positive")
         if self.segment_bytes_max <= 0 or self.index_interval_bytes <= 0:
             raise ValueError("segment_bytes_max and index_interval_bytes must be positive")
+        if self.open_files_max < 1:
+            raise ValueError("open_files_max must be at least 1")
         if self.payload_bytes_max < 0:
             raise ValueError("payload_bytes_max must not be negative")
         if self.segment_bytes_max + HEADER_BYTES + self.payload_bytes_max > _POSITION_MAX:
@@ -109,6 +128,8 @@ class ShardLogStatistics:
     size_bytes: int
     fsync_count: int  # fdatasyncs of log files (group commit makes it < append_count)
     append_count: int  # records appended (append and append_raw) since open
+    lost_range_count: int  # damaged ranges found (on open or by reads since)
+    lost_record_count: int  # records in those ranges
 
 
 @dataclass
@@ -117,7 +138,16 @@ class _PendingAppend:
     receive_time_ms: int
     sequence: int = -1
     done: bool = False
-    error: StorageError | ShardReadOnly | None = None
+    error: StorageError | StorageFull | ShardReadOnly | None = None
+
+
+class _DamageFound(Exception):
+    """A segment failed a check during a read (carried out of the read to rescan it)."""
+
+    def __init__(self, segment: Segment, error: CorruptSegmentError) -> None:
+        super().__init__(error.message)
+        self.segment = segment
+        self.error = error
 
 
 # A record ready to write: (sequence, receive_time_ms, header, payload).
@@ -134,10 +164,18 @@ class ShardLog:
     """One shard's durable log. Open with ``ShardLog.open``."""
 
     def __init__(
-        self, path: Path, config: StorageConfig, clock: Clock, segments: list[Segment]
+        self,
+        path: Path,
+        config: StorageConfig,
+        clock: Clock,
+        segments: list[Segment],
+        files: FileCache,
+        label: str,
     ) -> None:
         assert segments
         self.path = path
+        self.label = label  # how messages a client may see name the shard (never a path)
+        self._files = files
         self._config = config
         self._clock = clock
         self._lock = threading.Lock()
@@ -155,6 +193,9 @@ class ShardLog:
         self._sealed = False
         self._broken: BaseException | None = None
         self._fsync_count = 0
+        self._lost: set[tuple[int, int]] = set()  # (first_seq, end_seq) of known lost ranges
+        for segment in segments:
+            self._note_lost(segment.lost)
         self._append_count = 0
         self._synced_append_count = 0
         self._stop_syncing = threading.Event()
@@ -166,9 +207,19 @@ class ShardLog:
             self._sync_thread.start()
 
     @classmethod
-    def open(cls, path: Path, config: StorageConfig, clock: Clock) -> ShardLog:
-        """Opens (creating if needed) the shard log in ``path``, recovering its tail."""
+    def open(
+        cls,
+        path: Path,
+        config: StorageConfig,
+        clock: Clock,
+        files: FileCache | None = None,
+        label: str | None = None,
+    ) -> ShardLog:
+        """Opens (creating if needed) the shard log in ``path``, recovering its tail.
+        ``files`` is the descriptor cache shared by a store's shards (a private one when
+        None); ``label`` names the shard in error messages (default: its directory name)."""
         path.mkdir(parents=True, exist_ok=True)
+        files = files or FileCache(config.open_files_max)
         bases = segment_base_sequences(path)
         segments: list[Segment] = []
         limits = {
@@ -177,10 +228,10 @@ class ShardLog:
         }
         try:
             if not bases:
-                segments.append(Segment.create(path, 0, **limits))
+                segments.append(Segment.create(path, 0, files=files, **limits))
                 fsync_directory(path)
             for index, base in enumerate(bases):
-                segment = Segment.open(path, base, **limits)
+                segment = Segment.open(path, base, files=files, **limits)
                 segments.append(segment)
                 if index + 1 < len(bases):
                     segment.check_sealed(bases[index + 1])
@@ -192,7 +243,7 @@ class ShardLog:
             for segment in segments:
                 segment.close()
             raise
-        return cls(path, config, clock, segments)
+        return cls(path, config, clock, segments, files, label or f"shard {path.name}")
 
     # --- appending ----------------------------------------------------------------------
 
@@ -232,7 +283,7 @@ class ShardLog:
                 request.sequence = self._end_seq + offset
                 records.append((request.sequence, time_ms, b"", request.payload))
             self._commit(records)
-        except (StorageError, ShardReadOnly) as exc:
+        except (StorageError, StorageFull, ShardReadOnly) as exc:
             for request in batch:
                 request.error = exc
         except Exception as exc:
@@ -311,6 +362,9 @@ class ShardLog:
             self._condition.acquire()
             self._roll_back(first_segment, size_before, next_seq_before, created)
             self._last_time_ms = time_before
+            if isinstance(exc, OSError) and exc.errno in _NO_SPACE_ERRNOS:
+                logger.error("shard log %s: out of space, write refused: %r", self.path, exc)
+                raise StorageFull(f"no space left on the server's disk for {self.label}") from exc
             raise StorageError(f"{self.path}: write failed: {exc!r}") from exc
         except BaseException:
             self._condition.acquire()
@@ -363,6 +417,7 @@ class ShardLog:
             base_seq,
             index_interval_bytes=self._config.index_interval_bytes,
             payload_bytes_max=self._config.payload_bytes_max,
+            files=self._files,
         )
         new_segment.next_seq = base_seq
         with self._lock:
@@ -407,7 +462,7 @@ class ShardLog:
 
     def _check_not_sealed(self) -> None:
         if self._sealed:
-            raise ShardReadOnly(f"shard log {self.path} is sealed (read-only)")
+            raise ShardReadOnly(f"{self.label} is read-only")
 
     # --- sealing --------------------------------------------------------------------------
 
@@ -428,7 +483,7 @@ class ShardLog:
                 if not self._sealed:
                     self._sealed = True
                     for request in self._queue:
-                        request.error = ShardReadOnly(f"shard log {self.path} was sealed")
+                        request.error = ShardReadOnly(f"{self.label} became read-only")
                         request.done = True
                     self._queue = []
                     self._segments[-1].sync()
@@ -452,8 +507,8 @@ class ShardLog:
             raise StorageError(f"shard log {self.path} refuses writes: {self._broken!r}")
 
     def _sync_periodically(self) -> None:
-        """The interval policy's background fdatasync. Syncs a duplicate descriptor, so that
-        a concurrent roll or close cannot pull the descriptor from under it."""
+        """The interval policy's background fdatasync. Pins the descriptor in the file cache,
+        so that a concurrent roll or close cannot pull it from under it."""
         interval_s = self._config.fsync_interval_ms / 1000
         while not self._stop_syncing.wait(interval_s):
             with self._lock:
@@ -462,14 +517,15 @@ class ShardLog:
                 if self._append_count == self._synced_append_count:
                     continue
                 append_count = self._append_count
-                fd = os.dup(self._segments[-1].fd)
+                log_path = self._segments[-1].path
+                fd = self._files.acquire(log_path)
             try:
                 os.fdatasync(fd)
             except OSError as exc:
                 logger.error("shard log %s: background fdatasync failed: %r", self.path, exc)
                 continue
             finally:
-                os.close(fd)
+                self._files.release(log_path)
             with self._lock:
                 self._fsync_count += 1
                 self._synced_append_count = max(self._synced_append_count, append_count)
@@ -492,7 +548,21 @@ class ShardLog:
     def _read(
         self, start_seq: int, count_max: int, bytes_max: int, end_seq: int | None, *, raw: bool
     ) -> _ReadState:
+        """Reads once; when a segment fails its checks on the way, rescans it (which notes
+        the damage and rebuilds its indexes) and reads once more."""
         assert count_max >= 0 and bytes_max >= 0
+        try:
+            return self._read_once(start_seq, count_max, bytes_max, end_seq, raw=raw)
+        except _DamageFound as damage:
+            self._rescan(damage.segment, damage.error)
+        try:
+            return self._read_once(start_seq, count_max, bytes_max, end_seq, raw=raw)
+        except _DamageFound as damage:
+            raise damage.error from None
+
+    def _read_once(
+        self, start_seq: int, count_max: int, bytes_max: int, end_seq: int | None, *, raw: bool
+    ) -> _ReadState:
         state = _ReadState()
         with self._lock:
             self._check_open()
@@ -503,13 +573,17 @@ class ShardLog:
             plans = self._plan_reads(start_seq, stop_seq)
         try:
             for segment, plan in plans:
-                parts, taken_bytes = segment.read(
-                    plan,
-                    count_max - len(state.parts),
-                    bytes_max - state.taken_bytes,
-                    raw=raw,
-                    take_first=not state.parts,
-                )
+                try:
+                    parts, taken_bytes = segment.read(
+                        segment.read_fd,
+                        plan,
+                        count_max - len(state.parts),
+                        bytes_max - state.taken_bytes,
+                        raw=raw,
+                        take_first=not state.parts,
+                    )
+                except CorruptSegmentError as exc:
+                    raise _DamageFound(segment, exc) from exc
                 state.parts.extend(parts)
                 state.taken_bytes += taken_bytes
                 if len(parts) < plan.stop_seq - plan.start_seq:
@@ -521,8 +595,9 @@ class ShardLog:
         return state
 
     def _plan_reads(self, start_seq: int, stop_seq: int) -> list[tuple[Segment, ReadPlan]]:
-        """Pins and plans every segment the read may touch (lock held)."""
-        plans = []
+        """Pins and plans every segment the read may touch (lock held). The read stops
+        before a lost range; one starting inside a lost range raises DataCorrupted."""
+        plans: list[tuple[Segment, ReadPlan]] = []
         index = self._segment_index(start_seq)
         sequence = start_seq
         while sequence < stop_seq:
@@ -530,17 +605,81 @@ class ShardLog:
             segment_stop = stop_seq
             if index + 1 < len(self._segments):
                 segment_stop = min(stop_seq, self._segments[index + 1].base_seq)
+            lost = segment.first_lost_at_or_after(sequence)
+            if lost is not None and lost.first_seq <= sequence:
+                if not plans:
+                    raise self._data_corrupted(lost)
+                break
+            if lost is not None and lost.first_seq < segment_stop:
+                segment_stop = stop_seq = lost.first_seq
             if sequence < segment_stop:
-                segment.pins += 1
-                plans.append((segment, segment.plan_read(sequence, segment_stop)))
+                plan = segment.plan_read(sequence, segment_stop)
+                self._pin(segment)
+                plans.append((segment, plan))
             sequence = segment_stop
             index += 1
         return plans
 
+    def _data_corrupted(self, lost: LostRange) -> DataCorrupted:
+        return DataCorrupted(
+            f"records {lost.first_seq}..{lost.end_seq - 1} of {self.label} were lost to damage "
+            f"on disk; reading can resume at sequence {lost.end_seq}",
+            first_seq=lost.first_seq,
+            end_seq=lost.end_seq,
+        )
+
+    def _rescan(self, segment: Segment, error: CorruptSegmentError) -> None:
+        """Takes the writer role (so that no append moves the segment meanwhile) and rescans
+        ``segment``, which failed a check: notes its damaged ranges and rebuilds its indexes
+        (a wrong index entry alone is put right this way)."""
+        logger.error("shard log %s: %s; rescanning the segment", self.path, error.message)
+        with self._condition:
+            while self._writer_busy:
+                self._condition.wait()
+            self._check_open()
+            if segment.retired:
+                return
+            self._writer_busy = True
+            try:
+                self._note_lost(segment.rescan())
+            except OSError as exc:
+                raise StorageError(f"{self.path}: rescan failed: {exc!r}") from exc
+            finally:
+                self._release_writer()
+
+    def _note_lost(self, lost: list[LostRange]) -> None:
+        """Counts newly found damaged ranges (lock held, or during open)."""
+        for item in lost:
+            key = (item.first_seq, item.end_seq)
+            if key not in self._lost:
+                self._lost.add(key)
+                logger.error(
+                    "shard log %s: %d records (%d..%d) lost to damage on disk",
+                    self.path,
+                    item.record_count,
+                    item.first_seq,
+                    item.end_seq - 1,
+                )
+
+    def lost_ranges(self) -> list[tuple[int, int]]:
+        """The known damaged ranges [first_seq, end_seq), ascending."""
+        with self._lock:
+            return sorted(self._lost)
+
+    def _pin(self, segment: Segment) -> None:
+        """Pins the segment and its log's descriptor for a read (lock held): retention may
+        unlink the file meanwhile, but the descriptor stays open until the last unpin."""
+        if segment.pins == 0:
+            segment.read_fd = self._files.acquire(segment.path)
+        segment.pins += 1
+
     def _unpin(self, segment: Segment) -> None:
         segment.pins -= 1
-        if segment.retired and segment.pins == 0:
-            segment.close()
+        if segment.pins == 0:
+            self._files.release(segment.path)
+            segment.read_fd = -1
+            if segment.retired:
+                segment.close()
 
     def _retire(self, segment: Segment) -> None:
         """Closes the segment's descriptors now or at its last reader's unpin (lock held)."""
@@ -558,7 +697,7 @@ class ShardLog:
         begin_seq = self._segments[0].base_seq
         if not begin_seq <= sequence <= self._end_seq:
             raise InvalidCursor(
-                f"sequence {sequence} is outside [{begin_seq}, {self._end_seq}] of {self.path}"
+                f"sequence {sequence} is outside [{begin_seq}, {self._end_seq}] of {self.label}"
             )
 
     # --- positions and times --------------------------------------------------------------
@@ -575,31 +714,81 @@ class ShardLog:
 
     def receive_time_ms(self, seq: int) -> int:
         """The receive time of record ``seq``; for end_seq, the newest record's (or the clock's
-        when the shard holds no record)."""
-        with self._lock:
-            self._check_open()
-            self._check_cursor(seq)
-            if seq == self._end_seq:
-                if self._segments[0].base_seq == self._end_seq:
+        when the shard holds no record). Read from the record's own header, so a damaged
+        time index cannot give a wrong answer; a lost record raises DataCorrupted (for
+        end_seq behind a lost record, the newest time the indexes know stands in)."""
+        for attempt in (0, 1):
+            with self._lock:
+                self._check_open()
+                self._check_cursor(seq)
+                at_end = seq == self._end_seq
+                if at_end and self._segments[0].base_seq == self._end_seq:
                     return self._clock.wall_ms()
-                seq -= 1
-            segment = self._segments[self._segment_index(seq)]
-            return segment.time_index.time_of(seq - segment.base_seq)
+                target = seq - 1 if at_end else seq
+                segment = self._segments[self._segment_index(target)]
+                lost = segment.lost_range_at(target)
+                if lost is not None:
+                    if at_end:
+                        return self._last_time_ms
+                    raise self._data_corrupted(lost)
+                try:
+                    return segment.read_time_ms(target)
+                except CorruptSegmentError as exc:
+                    if attempt:
+                        raise
+                    error = exc
+            self._rescan(segment, error)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def seq_for_time(self, time_ms: int) -> int:
-        """The first retained record whose receive time is >= ``time_ms``, else end_seq."""
+        """The first retained record whose receive time is >= ``time_ms``, else end_seq.
+        The time index's answer is checked against the records' own headers; when they
+        disagree, the segment is rescanned (its indexes rebuilt) and asked again."""
+        for segment in self._segments_snapshot():
+            found = self._seq_for_time_in(segment, time_ms)
+            if found is None:
+                self._rescan(segment, CorruptSegmentError(f"{segment.path}: time index is wrong"))
+                found = self._seq_for_time_in(segment, time_ms)
+                if found is None:
+                    raise StorageError(f"{segment.path}: time index still wrong after a rescan")
+            if found >= 0:
+                return found
+        with self._lock:
+            return self._end_seq
+
+    def _seq_for_time_in(self, segment: Segment, time_ms: int) -> int | None:
+        """The answer within ``segment``: a sequence, -1 when every record in it is older,
+        None when its time index disagrees with its records."""
         with self._lock:
             self._check_open()
-            for segment in self._segments:
-                if segment.base_seq >= self._end_seq:
-                    break
-                max_time_ms = segment.max_time_ms
-                if max_time_ms is None or max_time_ms < time_ms:
-                    continue
-                relative_sequence = segment.time_index.first_at_or_after(time_ms)
-                assert relative_sequence is not None
-                return min(segment.base_seq + relative_sequence, self._end_seq)
-            return self._end_seq
+            if segment.retired:
+                return -1
+            if segment.base_seq >= self._end_seq:
+                return self._end_seq
+            max_time_ms = segment.max_time_ms
+            if max_time_ms is None or max_time_ms < time_ms:
+                return -1
+            relative_sequence = segment.time_index.first_at_or_after(time_ms)
+            assert relative_sequence is not None
+            found = min(segment.base_seq + relative_sequence, self._end_seq)
+            return found if self._time_answer_holds(segment, found, time_ms) else None
+
+    def _segments_snapshot(self) -> list[Segment]:
+        with self._lock:
+            return list(self._segments)
+
+    def _time_answer_holds(self, segment: Segment, found: int, time_ms: int) -> bool:
+        """Whether record ``found`` has a time >= ``time_ms`` and the intact record before it
+        in the segment (if any) one < ``time_ms`` (lock held)."""
+        try:
+            if found < segment.next_seq and segment.read_time_ms(found) < time_ms:
+                return False
+            previous = found - 1
+            if previous < segment.base_seq or segment.lost_range_at(previous) is not None:
+                return True
+            return segment.read_time_ms(previous) < time_ms
+        except CorruptSegmentError:
+            return False
 
     # --- retention ------------------------------------------------------------------------
 
@@ -635,6 +824,7 @@ class ShardLog:
                 active.next_seq,
                 index_interval_bytes=self._config.index_interval_bytes,
                 payload_bytes_max=self._config.payload_bytes_max,
+                files=self._files,
             )
             new_segment.next_seq = active.next_seq
             fsync_directory(self.path)
@@ -673,6 +863,8 @@ class ShardLog:
                 size_bytes=sum(segment.committed_size_bytes for segment in self._segments),
                 fsync_count=self._fsync_count,
                 append_count=self._append_count,
+                lost_range_count=len(self._lost),
+                lost_record_count=sum(end - first for first, end in self._lost),
             )
 
     def close(self) -> None:

@@ -3,6 +3,11 @@
 Byte layout: none of its own; each shard directory is a ``ShardLog`` (see ``shard_log``).
 ``logstore_key`` is a relative path made by the caller (``"project/logstore-1a2b3c4d"``).
 
+Descriptors: the store's shard logs share one ``FileCache`` of log file descriptors bounded
+by ``StorageConfig.open_files_max``, so the descriptors held do not grow with shards or
+segments: an idle shard holds none (its indexes are in memory), a busy one holds its active
+segment's log file while it is written or read.
+
 After a crash: nothing to do here; each shard log recovers its own tail when first opened.
 A ``drop_logstore`` cut short by a crash leaves part of the directory, which the caller
 (which owns the key) may drop again.
@@ -16,14 +21,23 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from loghub._clock import Clock
 from loghub.errors import StorageClosedError
-from loghub.storage._files import fsync_directory
+from loghub.storage._files import FileCache, fsync_directory
 from loghub.storage.shard_log import ShardLog, StorageConfig
 
-__all__ = ["ShardStore"]
+__all__ = ["ShardStore", "ShardStoreStatistics"]
+
+
+@dataclass(frozen=True)
+class ShardStoreStatistics:
+    open_shard_count: int  # shard logs opened since start (and not dropped)
+    open_file_count: int  # log file descriptors open right now
+    lost_range_count: int  # damaged ranges found in those shard logs
+    lost_record_count: int  # records in those ranges
 
 
 class ShardStore:
@@ -35,6 +49,7 @@ class ShardStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._logs: dict[tuple[str, int], ShardLog] = {}
+        self._files = FileCache(config.open_files_max)
         self._closed = False
 
     def shard(self, logstore_key: str, shard_id: int) -> ShardLog:
@@ -45,7 +60,8 @@ class ShardStore:
             self._check_open()
             log = self._logs.get((logstore_key, shard_id))
             if log is None:
-                log = ShardLog.open(directory, self._config, self._clock)
+                label = f"shard {shard_id} of logstore {_logstore_name(logstore_key)}"
+                log = ShardLog.open(directory, self._config, self._clock, self._files, label)
                 self._logs[(logstore_key, shard_id)] = log
             return log
 
@@ -69,6 +85,17 @@ class ShardStore:
             for shard_id in shard_ids
         )
 
+    def statistics(self) -> ShardStoreStatistics:
+        with self._lock:
+            logs = list(self._logs.values())
+        lost = [log.statistics() for log in logs]
+        return ShardStoreStatistics(
+            open_shard_count=len(logs),
+            open_file_count=self._files.open_count,
+            lost_range_count=sum(item.lost_range_count for item in lost),
+            lost_record_count=sum(item.lost_record_count for item in lost),
+        )
+
     def close(self) -> None:
         """Closes every open shard log. Idempotent."""
         with self._lock:
@@ -76,6 +103,7 @@ class ShardStore:
             logs, self._logs = list(self._logs.values()), {}
         for log in logs:
             log.close()
+        self._files.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -86,3 +114,10 @@ class ShardStore:
         assert logstore_key and not key.is_absolute(), logstore_key
         assert ".." not in key.parts and "." not in logstore_key.split("/"), logstore_key
         return self.data_dir / key
+
+
+def _logstore_name(logstore_key: str) -> str:
+    """The logstore's name in its key ``project/<name>-<8 hex>`` (the key itself if not)."""
+    last = PurePosixPath(logstore_key).name
+    name, _, suffix = last.rpartition("-")
+    return name if name and len(suffix) == 8 else last

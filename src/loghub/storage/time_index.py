@@ -1,6 +1,7 @@
 """The time index: the first record of each receive time, for one segment.
 
-Byte layout of ``<base_seq:020d>.timeindex``: a flat array of 12-byte entries, big-endian
+Byte layout of ``<base_seq:020d>.timeindex``: a flat array of 12-byte entries
+(then the 8-byte checksum trailer of ``_pair_index``), big-endian
 ``(receive_time_ms u64, relative_sequence u32)``. Receive times are non-decreasing within a
 shard, and an entry is appended whenever a record's time is greater than the last entry's (so
 the segment's first record always has one). Both fields strictly increase, which makes the
@@ -9,7 +10,10 @@ entry with time >= t, and record s has the time of the last entry with relative_
 The last entry holds the segment's newest time, which retention compares with its cut-off.
 
 Who writes it: the shard log's single writer, after the records are written. Kept in memory
-as arrays, appended to the file without fsync; fsynced when the segment is sealed.
+as arrays; the file (entries, then the checksum trailer described in ``_pair_index``) is
+written when the segment is sealed (and fsynced) or closed. Answers are checked on use: the
+shard log compares ``first_at_or_after`` with the records' own headers, and reads a record's
+time from its header, not from here.
 
 After a crash: rebuilt from the log for the last segment; checked and rebuilt if missing,
 truncated or inconsistent for earlier segments.
