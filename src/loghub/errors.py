@@ -1,18 +1,25 @@
 """Every exception LogHub raises, in one tree.
 
-Each class carries the LogHub error code (``code``) that the server sends in its JSON error
-body, so an error means the same thing on both sides of the wire: the server turns it into
-``{"errorCode": code, "errorMessage": message}`` (the HTTP status comes from the one table in
-``loghub.server.errors``), and the client turns such a body back into the same class.
+A protocol class carries the LogHub error code (``code``) that the server sends in its JSON
+error body, so an error means the same thing on both sides of the wire: the server turns it
+into ``{"errorCode": code, "errorMessage": message}``, and the client turns such a body back
+into the same class.
 
-    LogHubError                         InternalServerError (never the client's fault)
-    ├── StorageError
+    LogHubError                         InternalServerError: the server's own fault
+    ├── StorageError                    the shard logs on local disk (storage/ raises these)
     │   ├── CorruptSegmentError         a record failed its CRC or framing check on read
-    │   └── StorageClosedError          the shard log was closed
+    │   ├── StorageClosedError          the shard log was closed
+    │   ├── RecordTooLargeError         a record over the log's payload bound
+    │   ├── LogSealedError              an append to a sealed (read-only) log
+    │   ├── SequenceOutOfRangeError     a position outside [begin, end] of the log
+    │   ├── DiskFullError               no space left on the disk for a write
+    │   └── RecordsLostError            a read reached records lost to damage on disk
     ├── DatabaseError                   the metadata or lease database failed or is unreachable
-    ├── ServerBusy                      over the in-flight bound (503 with Retry-After)
-    ├── StorageFull                     the disk is full: writes fail until space returns
-    ├── DataCorrupted                   a read reached records lost to damage on disk
+    ├── CoordinationError               coordination's own state (a 500 if one reaches a server)
+    │   ├── LeaseLostError              this worker no longer holds a lease it used
+    │   └── IllegalTransition           a state machine was asked for a move it does not allow
+    │
+    │   The protocol's codes (server/ and client/ speak these):
     ├── RequestError                    the client's mistake (4xx); never retried by the SDK
     │   ├── ParameterInvalid
     │   ├── PostBodyInvalid             undecodable body, bad protobuf, wrong raw size
@@ -33,21 +40,27 @@ body, so an error means the same thing on both sides of the wire: the server tur
     │   ├── LogStoreAlreadyExist
     │   └── ConsumerGroupAlreadyExist
     ├── AuthError
-    │   ├── Unauthorized                no or malformed credentials
+    │   ├── Unauthorized                no or malformed credentials, or outside the key's grant
     │   ├── InvalidAccessKeyId
     │   ├── SignatureNotMatch
     │   ├── RequestTimeTooSkewed        the request date is too far from the server's clock
     │   └── SignatureReused             a v1 signature seen before for another project (503:
     │                                   a replay, or a coincidence that a re-signed retry ends)
-    ├── CoordinationError               internal to coordination (500 if one reaches the server)
-    │   ├── LeaseLostError              this worker no longer holds a lease it used
-    │   └── IllegalTransition           a state machine was asked for a move it does not allow
     ├── QuotaError                      over a per-shard rate quota (403); wait and try again
     │   ├── ShardWriteQuotaExceed       write bytes or write requests per second
     │   └── ShardReadQuotaExceed        read bytes per second
+    ├── UnavailableError                a sound request the server cannot serve as things are
+    │   ├── ServerBusy                  at a capacity bound (503 with Retry-After)
+    │   ├── StorageFull                 the disk is full (507): writes resume when space returns
+    │   └── DataCorrupted               the records asked for were lost to damage on disk (410)
     └── ClientError                     raised only by loghub.client
         ├── TransportError              the server could not be reached
         └── ServerError                 an error reply whose code this package does not know
+
+Each layer raises its own: storage/ and metadata/ never raise a protocol code, the service
+translates where it adds meaning (``raise DataCorrupted(...) from RecordsLostError``), and the
+one table in ``loghub.server.errors`` gives every class its HTTP status, its code on the wire,
+and whether its message may be shown to the client (internal ones are logged instead).
 
 Assertions, not these classes, guard programmer errors.
 """
@@ -67,6 +80,7 @@ __all__ = [
     "CorruptSegmentError",
     "DataCorrupted",
     "DatabaseError",
+    "DiskFullError",
     "IllegalTransition",
     "InvalidAccessKeyId",
     "InvalidCompressType",
@@ -74,6 +88,7 @@ __all__ = [
     "InvalidShardCheckPoint",
     "LeaseLostError",
     "LogHubError",
+    "LogSealedError",
     "LogStoreAlreadyExist",
     "LogStoreInfoInvalid",
     "LogStoreNotExist",
@@ -84,8 +99,11 @@ __all__ = [
     "ProjectAlreadyExist",
     "ProjectNotExist",
     "QuotaError",
+    "RecordTooLargeError",
+    "RecordsLostError",
     "RequestError",
     "RequestTimeTooSkewed",
+    "SequenceOutOfRangeError",
     "ServerBusy",
     "ServerError",
     "ShardNotExist",
@@ -99,6 +117,7 @@ __all__ = [
     "StorageFull",
     "TransportError",
     "Unauthorized",
+    "UnavailableError",
     "error_class_for_code",
 ]
 
@@ -135,28 +154,59 @@ class StorageClosedError(StorageError):
     pass
 
 
+class RecordTooLargeError(StorageError):
+    """A record over the log's payload bound (the server answers PostBodyTooLarge)."""
+
+
+class LogSealedError(StorageError):
+    """An append to a sealed log: the shard turned read-only (ShardReadOnly on the wire)."""
+
+
+class SequenceOutOfRangeError(StorageError):
+    """A position outside [begin, end] of the log (InvalidCursor on the wire)."""
+
+
+class DiskFullError(StorageError):
+    """No space left for a write; nothing of it was kept (StorageFull on the wire)."""
+
+
+class RecordsLostError(StorageError):
+    """A read starts in records lost to damage on disk: sequences [first_seq, end_seq) of the
+    log; reading can resume at ``end_seq`` (the service tells it as DataCorrupted)."""
+
+    def __init__(self, message: str, *, first_seq: int, end_seq: int) -> None:
+        super().__init__(message)
+        self.first_seq = first_seq
+        self.end_seq = end_seq
+
+
 class DatabaseError(LogHubError):
     """The SQL database behind metadata or leases failed; its text stays in the server log."""
 
 
-class ServerBusy(LogHubError):
+class UnavailableError(LogHubError):
+    """A sound request that the server cannot serve as things stand (capacity, disk)."""
+
+
+class ServerBusy(UnavailableError):
     """The server holds as many request bodies as it may; the same request later succeeds.
 
     A 5xx on purpose: the SDK retries it, which is what a client should do."""
 
     code = "ServerBusy"
-class StorageFull(LogHubError):
+
+
+class StorageFull(UnavailableError):
     """No space left for a write; nothing of it was kept, reads go on, writes resume by
-    themselves when space returns. Not a ``StorageError``: those are the server's own faults,
-    whose details stay in its log, while this one the client is told about (and may retry)."""
+    themselves when space returns."""
 
     code = "StorageFull"
 
 
-class DataCorrupted(LogHubError):
+class DataCorrupted(UnavailableError):
     """The records a read starts at were lost to damage on disk (they failed their checks).
     ``first_seq``/``end_seq`` are the lost sequences [first, end) of the shard; reading can
-    resume at ``end_seq``. Like ``StorageFull``, the client is told, so not a StorageError."""
+    resume at ``end_seq``."""
 
     code = "DataCorrupted"
 

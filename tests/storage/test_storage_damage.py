@@ -4,7 +4,7 @@ Each test writes 300 records, damages one (a payload byte, a bit of its length f
 sequence field), in the active segment or in a closed one, or cuts a closed segment short, or
 edits an index, and then checks: every other record reads back byte for byte, end_seq and
 the sequences after the damage are unchanged, the next write gets sequence 300, a read that
-starts in the lost range gets DataCorrupted naming the range, and one that starts before it
+starts in the lost range gets RecordsLostError naming the range, and one that starts before it
 stops at its start.
 """
 
@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from storage_helpers import FakeClock, payload
 
-from loghub.errors import DataCorrupted
+from loghub.errors import RecordsLostError
 from loghub.storage import ShardLog, StorageConfig
 from loghub.storage.segment import HEADER_BYTES, encode_header, segment_base_sequences
 
@@ -68,7 +68,7 @@ def assert_only_lost(log: ShardLog, payloads: list[bytes], lost: range) -> None:
     assert before.data == b"".join(payloads[: lost.start])
     assert before.next_seq == lost.start
     for sequence in lost:
-        with pytest.raises(DataCorrupted) as caught:
+        with pytest.raises(RecordsLostError) as caught:
             log.read(sequence, 10, 1 << 30)
         assert (caught.value.first_seq, caught.value.end_seq) == (lost.start, lost.stop)
         assert "/" not in caught.value.message  # names the shard, not a path

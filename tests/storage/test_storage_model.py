@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from storage_helpers import FakeClock
 
-from loghub.errors import InvalidCursor
+from loghub.errors import SequenceOutOfRangeError
 from loghub.storage import ShardLog, StorageConfig
 
 CONFIG = StorageConfig(segment_bytes_max=300, index_interval_bytes=50, payload_bytes_max=500)
@@ -84,7 +84,7 @@ def check_read(
     if not begin <= start <= len(records):
         try:
             log.read(start, count_max, bytes_max)
-        except InvalidCursor:
+        except SequenceOutOfRangeError:
             return
         raise AssertionError(f"read at {start} outside [{begin}, {len(records)}] succeeded")
     end_seq = data.draw(st.one_of(st.none(), st.integers(start, len(records) + 2)))

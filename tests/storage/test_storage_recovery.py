@@ -10,7 +10,7 @@ import pytest
 from conftest import OpenLog
 from storage_helpers import SMALL, FakeClock, payload
 
-from loghub.errors import DataCorrupted
+from loghub.errors import RecordsLostError
 from loghub.storage import ShardLog, StorageConfig
 from loghub.storage._files import FileCache
 from loghub.storage.segment import HEADER_BYTES, Segment, segment_base_sequences
@@ -102,7 +102,7 @@ def test_one_damaged_byte_in_the_last_segment_costs_only_its_record(open_log: Op
     assert log.end_seq == 10
     assert log.lost_ranges() == [(3, 4)]
     assert log.read(0, 100, 1 << 20).data == b"".join(payloads[:3])
-    with pytest.raises(DataCorrupted) as caught:
+    with pytest.raises(RecordsLostError) as caught:
         log.read(3, 100, 1 << 20)
     assert (caught.value.first_seq, caught.value.end_seq) == (3, 4)
     assert log.read(4, 100, 1 << 20).data == b"".join(payloads[4:])
@@ -208,7 +208,7 @@ def test_damage_found_by_a_read_stops_reads_before_it_and_refuses_reads_in_it(
 
     assert log.read(0, 2, 1 << 20).count == 2
     assert log.read(0, 5, 1 << 20).data == b"".join(payloads[:2])
-    with pytest.raises(DataCorrupted):
+    with pytest.raises(RecordsLostError):
         log.read(2, 5, 1 << 20)
     assert log.read(3, 5, 1 << 20).data == b"".join(payloads[3:])
     assert log.statistics().lost_record_count == 1

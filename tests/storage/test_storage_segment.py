@@ -8,7 +8,7 @@ import crc32c
 import pytest
 from conftest import OpenLog
 
-from loghub.errors import DataCorrupted
+from loghub.errors import RecordsLostError
 from loghub.storage import StorageConfig
 from loghub.storage.segment import HEADER_BYTES, encode_header, record_crc_matches
 
@@ -65,7 +65,7 @@ def test_a_record_with_the_wrong_sequence_is_lost_on_read(open_log: OpenLog) -> 
         file.write(struct.pack(">Q", 5))
 
     assert log.read(0, 2, 100).data == b"a"
-    with pytest.raises(DataCorrupted):
+    with pytest.raises(RecordsLostError):
         log.read(1, 2, 100)
     assert log.end_seq == 2
     assert log.append(b"c", 1) == 2

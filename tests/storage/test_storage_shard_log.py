@@ -14,12 +14,12 @@ from storage_helpers import SMALL, FakeClock, payload
 import loghub.storage
 from loghub.errors import (
     CorruptSegmentError,
-    InvalidCursor,
-    PostBodyTooLarge,
-    ShardReadOnly,
+    DiskFullError,
+    LogSealedError,
+    RecordTooLargeError,
+    SequenceOutOfRangeError,
     StorageClosedError,
     StorageError,
-    StorageFull,
 )
 from loghub.storage import ShardLog, StorageConfig
 from loghub.storage.segment import HEADER_BYTES, segment_base_sequences
@@ -76,11 +76,11 @@ def test_read_at_end_is_empty_and_outside_range_is_invalid_cursor(open_log: Open
 
     at_end = log.read(5, 10, 1000)
     assert (at_end.data, at_end.count, at_end.next_seq) == (b"", 0, 5)
-    with pytest.raises(InvalidCursor):
+    with pytest.raises(SequenceOutOfRangeError):
         log.read(6, 10, 1000)
-    with pytest.raises(InvalidCursor):
+    with pytest.raises(SequenceOutOfRangeError):
         log.read(-1, 10, 1000)
-    with pytest.raises(InvalidCursor):
+    with pytest.raises(SequenceOutOfRangeError):
         log.receive_time_ms(6)
 
 
@@ -111,7 +111,7 @@ def test_record_larger_than_a_segment_gets_a_segment_of_its_own(open_log: OpenLo
 
 def test_payload_over_the_limit_is_refused(open_log: OpenLog) -> None:
     log = open_log()
-    with pytest.raises(PostBodyTooLarge):
+    with pytest.raises(RecordTooLargeError):
         log.append(b"x" * (SMALL.payload_bytes_max + 1), 1)
     assert log.end_seq == 0
 
@@ -257,7 +257,7 @@ def test_retention_deletes_whole_old_segments_from_the_front(open_log: OpenLog) 
     assert deleted == segments_before - 1
     assert log.begin_seq == 12
     assert log.read(12, 10, 1000).data == payload(12, size=40)
-    with pytest.raises(InvalidCursor):
+    with pytest.raises(SequenceOutOfRangeError):
         log.read(11, 10, 1000)
     assert log.append(b"later", 5000) == 13
     assert log.apply_retention(now_ms=5000, ttl_ms=1000) == 0
@@ -328,7 +328,7 @@ def test_failed_write_raises_and_leaves_no_partial_record(
 
     with monkeypatch.context() as patch:
         patch.setattr(os, "writev", disk_full)
-        with pytest.raises(StorageFull):
+        with pytest.raises(DiskFullError):
             log.append(b"lost", 1000)
 
     assert log.end_seq == 3
@@ -359,7 +359,7 @@ def test_failed_write_across_a_roll_takes_back_the_whole_batch(
     with monkeypatch.context() as patch:
         patch.setattr(os, "writev", fail_second_log_write)
         # One raw batch larger than a segment: first chunk written, roll, second write fails.
-        with pytest.raises(StorageFull):
+        with pytest.raises(DiskFullError):
             log.append_raw(raw)
 
     assert log_writes["count"] == 2
@@ -377,7 +377,7 @@ def test_seal_fixes_the_end_and_refuses_appends_until_unsealed(tmp_path: Path) -
     assert log.seal() == 3
     assert log.sealed
     assert log.seal() == 3  # idempotent
-    with pytest.raises(ShardReadOnly):
+    with pytest.raises(LogSealedError):
         log.append(b"late", 1_000)
     assert log.end_seq == 3
     assert log.read(0, 10, 1 << 20).data == b"r0r1r2"
@@ -399,7 +399,7 @@ def test_seal_waits_for_concurrent_appends_and_every_acknowledged_one_is_before_
         for _ in range(200):
             try:
                 sequence = log.append(b"x" * 100, 1_000)
-            except ShardReadOnly:
+            except LogSealedError:
                 with lock:
                     refused += 1
                 return

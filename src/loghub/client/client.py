@@ -31,7 +31,7 @@ from urllib.parse import urlencode, urlsplit
 import httpx
 
 from loghub._clock import Clock, SystemClock
-from loghub.errors import TransportError
+from loghub.errors import ParameterInvalid, TransportError
 from loghub.wire.compression import compress, decompress
 from loghub.wire.errors import error_from_body
 from loghub.wire.logs import parse_log_group_list
@@ -135,9 +135,15 @@ class LogHubClient:
     ) -> None:
         if "://" not in endpoint:
             endpoint = "http://" + endpoint
-        parts = urlsplit(endpoint)
-        assert parts.hostname, f"endpoint {endpoint!r} has no host"
-        assert parts.scheme in ("http", "https"), f"endpoint {endpoint!r}: http or https"
+        try:
+            parts = urlsplit(endpoint)
+            parts.port  # noqa: B018  # raises ValueError on a port that is not a number
+        except ValueError as exc:
+            raise ParameterInvalid(f"endpoint {endpoint!r} is not a URL: {exc}") from None
+        if not parts.hostname:
+            raise ParameterInvalid(f"endpoint {endpoint!r} names no host (host:port)")
+        if parts.scheme not in ("http", "https"):
+            raise ParameterInvalid(f"endpoint {endpoint!r}: the scheme must be http or https")
         self._base_url = f"{parts.scheme}://{parts.netloc}"
         self._host = parts.hostname
         self._credentials = (
@@ -145,7 +151,10 @@ class LogHubClient:
             if access_key_id and access_key_secret
             else None
         )
-        assert auth_version != "v4" or region, "v4 signing needs a region"
+        if auth_version not in ("v1", "v4"):
+            raise ParameterInvalid(f"auth_version must be v1 or v4, not {auth_version!r}")
+        if auth_version == "v4" and not region:
+            raise ParameterInvalid("v4 signing needs a region")
         self._auth_version = auth_version
         self._region = region
         self._clock = clock or SystemClock()

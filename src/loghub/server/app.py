@@ -41,8 +41,6 @@ from starlette.responses import Response
 
 from loghub._clock import Clock, SystemClock
 from loghub.errors import (
-    CoordinationError,
-    DatabaseError,
     LogHubError,
     ParameterInvalid,
     PostBodyInvalid,
@@ -50,12 +48,11 @@ from loghub.errors import (
     ProjectNotExist,
     ServerBusy,
     SignatureReused,
-    StorageError,
 )
 from loghub.server.admission import BodyBudget
 from loghub.server.auth import Authenticator, needs_write
 from loghub.server.config import ServerConfig
-from loghub.server.errors import http_status
+from loghub.server.errors import protocol_error
 from loghub.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from loghub.server.metrics import api_label
 from loghub.server.service import LogHubService, parse_shard_id
@@ -181,18 +178,13 @@ def _error(exc: LogHubError, request_id: str) -> Response:
         headers["retry-after"] = "1"  # a new second, a new date, a new signature
     elif isinstance(exc, ServerBusy):
         headers["retry-after"] = "1"  # seconds; the SDK waits that long between tries anyway
+    reply = protocol_error(exc)
     return Response(
-        error_body(exc.code, exc.message, request_id),
-        status_code=http_status(exc),
+        error_body(reply.code, reply.message, request_id),
+        status_code=reply.status,
         media_type=_JSON,
         headers=headers,
     )
-
-
-def _internal_kind(exc: LogHubError) -> str:
-    if isinstance(exc, StorageError):
-        return "storage"
-    return "database" if isinstance(exc, DatabaseError) else "coordination"
 
 
 def _int_param(call: _Call, name: str, default: int | None = None) -> int:
@@ -233,11 +225,10 @@ class LogHubApp:
         started = time.perf_counter()
         try:
             response = await self._handle(request, request_id)
-        except (StorageError, DatabaseError, CoordinationError) as exc:
-            # the server's own fault: the details (paths, positions, SQL) are for its log only
-            log.error("request %s %s: %r", scope.get("method"), scope.get("path"), exc)
-            response = _error(LogHubError(f"internal {_internal_kind(exc)} error"), request_id)
         except LogHubError as exc:
+            if protocol_error(exc).internal:
+                # the server's own fault: the details (paths, positions, SQL) are for its log
+                log.error("request %s %s: %r", scope.get("method"), scope.get("path"), exc)
             response = _error(self._without_paths(exc), request_id)
         except ClientDisconnect:
             return  # cut mid-body (a timeout, or the client left): nobody to answer

@@ -23,9 +23,11 @@ from loghub.errors import (
     DataCorrupted,
     InvalidCursor,
     LogHubError,
+    LogSealedError,
     LogStoreInfoInvalid,
     NotFoundError,
     ParameterInvalid,
+    RecordsLostError,
     ShardNotExist,
     ShardReadOnly,
 )
@@ -270,9 +272,9 @@ class LogHubService:
             )
             try:
                 sequence = self._open_log(store, shard).append(payload, self.clock.wall_ms())
-            except ShardReadOnly:
+            except LogSealedError as exc:
                 if target not in ("lb", "route"):
-                    raise
+                    raise ShardReadOnly(f"shard {shard.shard_id} is readonly") from exc
                 self.metadata.wait_for_writes()
                 continue
             self.autosplit.record(project, logstore, shard.shard_id, len(payload))
@@ -296,7 +298,7 @@ class LogHubService:
         shard_log = self.shard_log(project, logstore, shard_id)
         try:
             return shard_log.receive_time_ms(decode_cursor(cursor)) // 1000
-        except DataCorrupted as exc:
+        except RecordsLostError as exc:
             raise _with_cursors(exc, logstore, shard_id) from exc
 
     def pull_logs(
@@ -323,7 +325,7 @@ class LogHubService:
         self.quotas.admit_read(quota_key, quota)
         try:
             batch: ReadBatch = shard_log.read(start, count, limits.pull_bytes_max, end)
-        except DataCorrupted as exc:
+        except RecordsLostError as exc:
             raise _with_cursors(exc, logstore, shard_id) from exc
         self.quotas.charge_read(quota_key, quota, len(batch.data))
         self.metrics.pull_groups.inc(batch.count)
@@ -378,10 +380,9 @@ class _Sealer:
         self._service.storage.shard(self._store.storage_key, shard_id).unseal()
 
 
-def _with_cursors(error: DataCorrupted, logstore: str, shard_id: int) -> DataCorrupted:
-    """The storage's DataCorrupted told in cursors, the reader's unit, with the cursor to
+def _with_cursors(error: RecordsLostError, logstore: str, shard_id: int) -> DataCorrupted:
+    """The storage's RecordsLostError told in cursors, the reader's unit, with the cursor to
     resume from (a consumer may checkpoint it to move past the damage)."""
-    assert error.first_seq is not None and error.end_seq is not None
     lost = error.end_seq - error.first_seq
     return DataCorrupted(
         f"{lost} log groups from cursor {encode_cursor(error.first_seq)} of shard {shard_id} "

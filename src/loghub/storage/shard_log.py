@@ -14,7 +14,7 @@ Life cycle of an append under ``fsync_policy="always"`` (group commit, leader/fo
 
 Under ``"interval"`` the append returns after the write, and a background thread fdatasyncs
 every ``fsync_interval_ms``. A failed write or sync truncates the file back to where the batch
-began and raises, for every record of the batch, ``StorageFull`` when the disk is full (the
+began and raises, for every record of the batch, ``DiskFullError`` when the disk is full (the
 next append tries again, so writes resume when space returns) or ``StorageError`` otherwise.
 
 After a crash: ``open`` runs ``Segment.recover`` on the last segment (cuts a torn tail, logs
@@ -24,7 +24,7 @@ earlier ones. Records acknowledged under "always" are on disk; under "interval" 
 everything, an empty segment named by end_seq remains; records lost to damage keep their
 sequences (a ``LostRange``), so no sequence or cursor is ever given to other data.
 
-Damage: a read that starts in a lost range raises ``DataCorrupted`` (with the range, so that
+Damage: a read that starts in a lost range raises ``RecordsLostError`` (with the range, so that
 the reader can resume after it); a read that starts before one stops at its first sequence.
 A read that meets damage not yet known (a record or an index entry failing its checks)
 rescans that segment once, notes what it finds, and is planned again.
@@ -51,13 +51,13 @@ from typing import Literal
 from loghub._clock import Clock
 from loghub.errors import (
     CorruptSegmentError,
-    DataCorrupted,
-    InvalidCursor,
-    PostBodyTooLarge,
-    ShardReadOnly,
+    DiskFullError,
+    LogSealedError,
+    RecordsLostError,
+    RecordTooLargeError,
+    SequenceOutOfRangeError,
     StorageClosedError,
     StorageError,
-    StorageFull,
 )
 from loghub.storage._files import FileCache, fsync_directory
 from loghub.storage.segment import (
@@ -138,7 +138,7 @@ class _PendingAppend:
     receive_time_ms: int
     sequence: int = -1
     done: bool = False
-    error: StorageError | StorageFull | ShardReadOnly | None = None
+    error: StorageError | None = None
 
 
 class _DamageFound(Exception):
@@ -250,7 +250,7 @@ class ShardLog:
     def append(self, payload: bytes, receive_time_ms: int) -> int:
         """Appends one record; returns its sequence once it is durable under the policy."""
         if len(payload) > self._config.payload_bytes_max:
-            raise PostBodyTooLarge(
+            raise RecordTooLargeError(
                 f"payload of {len(payload)} bytes over the limit of "
                 f"{self._config.payload_bytes_max}"
             )
@@ -283,7 +283,7 @@ class ShardLog:
                 request.sequence = self._end_seq + offset
                 records.append((request.sequence, time_ms, b"", request.payload))
             self._commit(records)
-        except (StorageError, StorageFull, ShardReadOnly) as exc:
+        except StorageError as exc:
             for request in batch:
                 request.error = exc
         except Exception as exc:
@@ -364,7 +364,7 @@ class ShardLog:
             self._last_time_ms = time_before
             if isinstance(exc, OSError) and exc.errno in _NO_SPACE_ERRNOS:
                 logger.error("shard log %s: out of space, write refused: %r", self.path, exc)
-                raise StorageFull(f"no space left on the server's disk for {self.label}") from exc
+                raise DiskFullError(f"no space left on the server's disk for {self.label}") from exc
             raise StorageError(f"{self.path}: write failed: {exc!r}") from exc
         except BaseException:
             self._condition.acquire()
@@ -462,7 +462,7 @@ class ShardLog:
 
     def _check_not_sealed(self) -> None:
         if self._sealed:
-            raise ShardReadOnly(f"{self.label} is read-only")
+            raise LogSealedError(f"{self.label} is read-only")
 
     # --- sealing --------------------------------------------------------------------------
 
@@ -474,7 +474,7 @@ class ShardLog:
     def seal(self) -> int:
         """Makes the log read-only for good and returns its end sequence, which never moves
         again. Waits for the batch being written (it completes and counts), fails queued and
-        later appends with ShardReadOnly, and syncs, so the end survives a crash under either
+        later appends with LogSealedError, and syncs, so the end survives a crash under either
         fsync policy. Idempotent; the sealed state is not stored here: whoever keeps the
         shard's status (metadata) seals the log again after a restart."""
         with self._condition:
@@ -483,7 +483,7 @@ class ShardLog:
                 if not self._sealed:
                     self._sealed = True
                     for request in self._queue:
-                        request.error = ShardReadOnly(f"{self.label} became read-only")
+                        request.error = LogSealedError(f"{self.label} became read-only")
                         request.done = True
                     self._queue = []
                     self._segments[-1].sync()
@@ -596,7 +596,7 @@ class ShardLog:
 
     def _plan_reads(self, start_seq: int, stop_seq: int) -> list[tuple[Segment, ReadPlan]]:
         """Pins and plans every segment the read may touch (lock held). The read stops
-        before a lost range; one starting inside a lost range raises DataCorrupted."""
+        before a lost range; one starting inside a lost range raises RecordsLostError."""
         plans: list[tuple[Segment, ReadPlan]] = []
         index = self._segment_index(start_seq)
         sequence = start_seq
@@ -620,8 +620,8 @@ class ShardLog:
             index += 1
         return plans
 
-    def _data_corrupted(self, lost: LostRange) -> DataCorrupted:
-        return DataCorrupted(
+    def _data_corrupted(self, lost: LostRange) -> RecordsLostError:
+        return RecordsLostError(
             f"records {lost.first_seq}..{lost.end_seq - 1} of {self.label} were lost to damage "
             f"on disk; reading can resume at sequence {lost.end_seq}",
             first_seq=lost.first_seq,
@@ -696,7 +696,7 @@ class ShardLog:
     def _check_cursor(self, sequence: int) -> None:
         begin_seq = self._segments[0].base_seq
         if not begin_seq <= sequence <= self._end_seq:
-            raise InvalidCursor(
+            raise SequenceOutOfRangeError(
                 f"sequence {sequence} is outside [{begin_seq}, {self._end_seq}] of {self.label}"
             )
 
@@ -715,7 +715,7 @@ class ShardLog:
     def receive_time_ms(self, seq: int) -> int:
         """The receive time of record ``seq``; for end_seq, the newest record's (or the clock's
         when the shard holds no record). Read from the record's own header, so a damaged
-        time index cannot give a wrong answer; a lost record raises DataCorrupted (for
+        time index cannot give a wrong answer; a lost record raises RecordsLostError (for
         end_seq behind a lost record, the newest time the indexes know stands in)."""
         for attempt in (0, 1):
             with self._lock:
