@@ -142,6 +142,13 @@ def serve(
     retention_interval_s: Annotated[
         float, typer.Option(help="how often expired data is deleted")
     ] = ServerConfig.retention_interval_s,
+    segment_bytes_max: Annotated[
+        int, typer.Option(help="a shard's segment file rolls over at this size", min=1024)
+    ] = ServerConfig.segment_bytes_max,
+    open_files_max: Annotated[
+        int,
+        typer.Option(help="idle log files kept open (capped at half the open-files limit)", min=16),
+    ] = ServerConfig.open_files_max,
     # TLS
     tls_cert: Annotated[
         Path | None, typer.Option(help="PEM certificate (chain): serve https with --tls-key")
@@ -234,6 +241,8 @@ def serve(
         auto_split_sustain_ms=auto_split_sustain_ms,
         auto_split_check_interval_s=auto_split_check_interval_s,
         retention_interval_s=retention_interval_s,
+        segment_bytes_max=segment_bytes_max,
+        open_files_max=open_files_max,
         # TLS
         tls_cert_file=tls_cert,
         tls_key_file=tls_key,

@@ -114,6 +114,9 @@ class ServerConfig:
     fsync_policy: Literal["always", "interval"] = "always"
     fsync_interval_ms: int = 1000
     segment_bytes_max: int = 256 * 1024 * 1024
+    # Idle log files kept open (an LRU of descriptors); the server takes at most half of its
+    # open-files limit for them, so that sockets and the database have the rest.
+    open_files_max: int = 512
     retention_interval_s: float = 60.0
     # Threads beside the event loop for decompression, parsing, checksums and disk writes;
     # appends waiting for a group fsync hold one each, so this also caps concurrent appends.

@@ -16,6 +16,7 @@ import uvicorn
 
 from loghub.server.app import build_app
 from loghub.server.config import ServerConfig
+from loghub.server.main import uvicorn_config
 
 __all__ = ["EmbeddedServer", "free_port"]
 
@@ -32,21 +33,7 @@ class EmbeddedServer:
             config = ServerConfig(**{**config.__dict__, "port": free_port(config.host)})
         self.config = config
         self.app = build_app(config)
-        self._server = uvicorn.Server(
-            uvicorn.Config(
-                self.app,
-                host=config.host,
-                port=config.port,
-                loop="uvloop",
-                http="httptools",
-                lifespan="on",
-                access_log=False,
-                log_level="warning",
-                # TLS
-                ssl_certfile=None if config.tls_cert_file is None else str(config.tls_cert_file),
-                ssl_keyfile=None if config.tls_key_file is None else str(config.tls_key_file),
-            )
-        )
+        self._server = uvicorn.Server(uvicorn_config(self.app, config))
         self._thread = threading.Thread(target=self._server.run, name="loghub-server", daemon=True)
         self._start_timeout_s = start_timeout_s
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import uvicorn
 
@@ -20,7 +21,7 @@ from loghub.server.config import ServerConfig, is_loopback_host
 from loghub.server.http_protocol import bounded_protocol
 from loghub.server.memory import return_large_buffers_to_os
 
-__all__ = ["check_bind", "check_tls", "serve"]
+__all__ = ["check_bind", "check_tls", "serve", "uvicorn_config"]
 
 log = logging.getLogger("loghub.server")
 
@@ -63,21 +64,24 @@ def serve(config: ServerConfig) -> None:
         "on" if config.auth_enabled else "off",
         config.fsync_policy,
     )
-    uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port,
-            loop="uvloop",
-            http=bounded_protocol(config.limits),
-            lifespan="on",
-            access_log=False,
-            log_level="warning",
-            # the protocol closes idle connections itself; uvicorn's own timer agrees with it
-            timeout_keep_alive=math.ceil(config.limits.idle_timeout_s),
-            h11_max_incomplete_event_size=1024 * 1024,
-            # TLS
-            ssl_certfile=None if config.tls_cert_file is None else str(config.tls_cert_file),
-            ssl_keyfile=None if config.tls_key_file is None else str(config.tls_key_file),
-        )
-    ).run()
+    uvicorn.Server(uvicorn_config(app, config)).run()
+
+
+def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
+    """The one uvicorn configuration, for `loghub serve` and the embedded server alike."""
+    return uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        loop="uvloop",
+        http=bounded_protocol(config.limits),
+        lifespan="on",
+        access_log=False,
+        log_level="warning",
+        # the protocol closes idle connections itself; uvicorn's own timer agrees with it
+        timeout_keep_alive=math.ceil(config.limits.idle_timeout_s),
+        h11_max_incomplete_event_size=1024 * 1024,
+        # TLS
+        ssl_certfile=None if config.tls_cert_file is None else str(config.tls_cert_file),
+        ssl_keyfile=None if config.tls_key_file is None else str(config.tls_key_file),
+    )

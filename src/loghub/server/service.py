@@ -79,7 +79,7 @@ class LogHubService:
         # whatever the hard limit allows.
         soft, hard = raise_open_files_limit()
         # Idle log files may take half of the limit; sockets and the database get the rest.
-        open_files_max = max(16, min(StorageConfig().open_files_max, soft // 2))
+        open_files_max = max(16, min(config.open_files_max, soft // 2))
         log.info(
             "open files limit: soft %d, hard %d; idle log files kept open: %d",
             soft,
