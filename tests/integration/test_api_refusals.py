@@ -8,9 +8,11 @@ request may go to several projects without the v1 replay rule getting in the way
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
+from aliyun.log import GetHistogramsRequest, ListTopicsRequest, LogClient, LogException
 from raw_http import RawConnection, Reply, signed, target
 from server_process import ServerProcess
 
@@ -65,6 +67,31 @@ def test_queries_are_refused_as_for_a_logstore_without_an_index(
     _refused(_send(http, method, path, query, body), 400, "IndexConfigNotExist")
     missing = path.replace("/store", "/missing")
     _refused(_send(http, method, missing, query, body), 404, "LogStoreNotExist")
+
+
+@pytest.mark.usefixtures("sdk_proxy_env")
+@pytest.mark.parametrize("v2", [False, True], ids=["getlogs-v1", "getlogs-v2"])
+def test_the_python_sdk_queries_fail_at_once_with_index_config_not_exist(
+    http: RawConnection, signed_server: ServerProcess, v2: bool
+) -> None:
+    """The classic SDK's queries: before, GetLogs v1 was answered with the logstore's
+    description and the SDK failed on a missing x-log-progress header."""
+    sdk = LogClient(signed_server.endpoint, "ak", "sk")
+    sdk._get_logs_v2_enabled = v2  # the SDK's switch between the two GetLogs APIs
+    now_s = int(time.time())
+    calls: list[Callable[[], object]] = [
+        lambda: sdk.get_log(PROJECT, "store", now_s - 60, now_s, query="*"),
+        lambda: sdk.get_histograms(GetHistogramsRequest(PROJECT, "store", now_s - 60, now_s)),
+        lambda: sdk.list_topics(ListTopicsRequest(PROJECT, "store")),
+        lambda: sdk.get_index_config(PROJECT, "store"),
+    ]
+    for call in calls:
+        started = time.monotonic()
+        with pytest.raises(LogException) as raised:
+            call()
+        assert raised.value.get_error_code() == "IndexConfigNotExist", raised.value
+        assert raised.value.resp_status == 400
+        assert time.monotonic() - started < 2, "a refused query must not be retried"
 
 
 @pytest.mark.parametrize(
