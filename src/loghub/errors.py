@@ -29,6 +29,7 @@ into the same class.
     │   ├── InvalidShardCheckPoint
     │   ├── LogStoreInfoInvalid
     │   ├── ShardReadOnly               a write addressed to a read-only shard
+    │   ├── IndexConfigNotExist         a query (GetLogs, histograms): LogHub keeps no index
     │   └── ConsumerNotMatch            a fenced checkpoint from a consumer not holding it
     ├── NotFoundError
     │   ├── ProjectNotExist
@@ -82,6 +83,7 @@ __all__ = [
     "DatabaseError",
     "DiskFullError",
     "IllegalTransition",
+    "IndexConfigNotExist",
     "InvalidAccessKeyId",
     "InvalidCompressType",
     "InvalidCursor",
@@ -258,6 +260,14 @@ class LogStoreInfoInvalid(RequestError):
 
 class ShardReadOnly(RequestError):
     code = "ShardReadOnly"
+
+
+class IndexConfigNotExist(RequestError):
+    """The hosted service's answer to a query on a logstore without an index. LogHub has no
+    index or query engine, so every logstore is such a logstore: a query is refused with
+    this code rather than answered by another API."""
+
+    code = "IndexConfigNotExist"
 
 
 class ConsumerNotMatch(RequestError):

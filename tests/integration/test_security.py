@@ -1,7 +1,8 @@
 """Forged, tampered and replayed requests against a real signed server, and keys limited to
 projects.
 
-Each attack starts from a request signed as the official SDK signs it (v1 and v4), changes
+Each attack starts from a request signed as the official SDKs sign it (v1 with HMAC-SHA1 as
+the classic SDKs do, v1 with HMAC-SHA256 as the OpenAPI-generation SDKs do, and v4), changes
 one thing, and sends the bytes over a plain socket (client libraries would not send two
 `Host` headers). The attacker holds project alpha's key and aims at project bravo, which
 holds a logstore with data: every attack must be refused, and bravo must read back exactly
@@ -18,13 +19,44 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from raw_http import Headers, RawConnection, Reply, replace_header, signed, target
+import raw_http
+from raw_http import Headers, RawConnection, Reply, replace_header, target
 from server_process import ServerProcess
 
 from loghub.wire.logs import make_log_group
+from loghub.wire.signing import Credentials, sign_v1
 
-Version = Literal["v1", "v4"]
-VERSIONS: tuple[Version, ...] = ("v1", "v4")
+Version = Literal["v1", "v1-sha256", "v4"]
+VERSIONS: tuple[Version, ...] = ("v1", "v1-sha256", "v4")
+
+
+def signed(
+    version: Version,
+    method: str,
+    host: str,
+    path: str,
+    query: list[tuple[str, str]],
+    body: bytes = b"",
+    **kw: object,
+) -> Headers:
+    """raw_http.signed, and v1 with HMAC-SHA256 (``x-log-signaturemethod: hmac-sha256``)."""
+    if version != "v1-sha256":
+        return raw_http.signed(version, method, host, path, query, body, **kw)  # type: ignore[arg-type]
+    extra: dict[str, str] = kw.get("extra") or {}  # type: ignore[assignment]
+    headers = {
+        "host": host,
+        "content-type": "application/json",
+        "x-log-apiversion": "0.6.0",
+        "x-log-bodyrawsize": str(len(body)),
+        **extra,
+    }
+    credentials = Credentials(str(kw.get("key_id", "ak")), str(kw.get("secret", "sk")))
+    now_s = kw.get("now_s")
+    when = time.time() if now_s is None else float(now_s)  # type: ignore[arg-type]
+    sign_v1(method, path, query, headers, body, credentials, when, "hmac-sha256")
+    return list(headers.items())
+
+
 ALPHA = "alpha.127.0.0.1"
 BRAVO = "bravo.127.0.0.1"
 PUT_PATH = "/logstores/store/shards/0"
@@ -111,7 +143,7 @@ def _tampered_body_keeping_digest(version: Version, http: RawConnection) -> Repl
 
 def _tampered_body_without_digest(version: Version, http: RawConnection) -> Reply:
     headers, _ = _put(version)
-    digest = "content-md5" if version == "v1" else "x-log-content-sha256"
+    digest = "content-md5" if version != "v4" else "x-log-content-sha256"
     return http.send("POST", PUT_PATH, replace_header(headers, digest, None), _group("tampered"))
 
 
@@ -120,7 +152,7 @@ def _tampered_body_with_new_digest(version: Version, http: RawConnection) -> Rep
 
     headers, _ = _put(version)
     body = _group("tampered")
-    if version == "v1":
+    if version != "v4":
         headers = replace_header(headers, "content-md5", hashlib.md5(body).hexdigest().upper())
     else:
         headers = replace_header(headers, "x-log-content-sha256", hashlib.sha256(body).hexdigest())
@@ -140,7 +172,7 @@ def _tampered_method_and_path(version: Version, http: RawConnection) -> Reply:
 
 
 def _date_header(version: Version) -> str:
-    return "date" if version == "v1" else "x-log-date"
+    return "date" if version != "v4" else "x-log-date"
 
 
 def _without_date(version: Version, http: RawConnection) -> Reply:
@@ -157,9 +189,9 @@ def _unparsable_date(version: Version, http: RawConnection) -> Reply:
 
 def _date_in_year_99999999999(version: Version, http: RawConnection) -> Reply:
     headers, body = _put(version)
-    date = "Mon, 01 Jan 99999999999 00:00:00 GMT" if version == "v1" else "99999999999T000000Z"
+    date = "Mon, 01 Jan 99999999999 00:00:00 GMT" if version != "v4" else "99999999999T000000Z"
     headers = replace_header(headers, _date_header(version), date)
-    if version == "v1":
+    if version != "v4":
         headers = replace_header(headers, "x-log-date", date)
     return http.send("POST", PUT_PATH, headers, body)
 
@@ -199,6 +231,33 @@ def _replay_to_another_path(version: Version, http: RawConnection) -> Reply:
     return http.send("POST", "/logstores/gone/shards/0", headers, body)
 
 
+def _relabelled_signature_method(version: Version, http: RawConnection) -> Reply:
+    """The other v1 hash function named over the same signature (v4 sends no method: one
+    is added, and v4 signs it)."""
+    headers, body = _put(version)
+    other = "hmac-sha1" if version == "v1-sha256" else "hmac-sha256"
+    return http.send(
+        "POST", PUT_PATH, replace_header(headers, "x-log-signaturemethod", other), body
+    )
+
+
+def _unknown_signature_method(version: Version, http: RawConnection) -> Reply:
+    headers, body = _put(version)
+    return http.send(
+        "POST", PUT_PATH, replace_header(headers, "x-log-signaturemethod", "hmac-md5"), body
+    )
+
+
+def _dropped_signature_method(version: Version, http: RawConnection) -> Reply:
+    """Without the header v1 means hmac-sha1: a SHA-256 signature must not pass as one."""
+    headers, body = _put(version)
+    if version == "v1-sha256":
+        headers = replace_header(headers, "x-log-signaturemethod", None)
+    else:
+        headers = replace_header(headers, "x-log-signaturemethod", "")
+    return http.send("POST", PUT_PATH, headers, body)
+
+
 def _duplicate_host(first: bool, method: str) -> Attack:
     """Signed for alpha, with bravo's Host added before or after alpha's."""
 
@@ -233,6 +292,9 @@ ATTACKS: list[Attack] = [
     _replay_to_another_project,
     _replay_write_to_another_project,
     _replay_to_another_path,
+    _relabelled_signature_method,
+    _unknown_signature_method,
+    _dropped_signature_method,
     _duplicate_host(True, "DELETE"),
     _duplicate_host(False, "DELETE"),
     _duplicate_host(True, "POST"),
@@ -253,7 +315,7 @@ def test_forged_tampered_and_replayed_requests_are_all_refused(http: RawConnecti
             assert reply.error_code() is not None, (name, reply.body)
             if "duplicate_host" in name:
                 assert reply.status == 400, (name, reply.body)
-            elif name.startswith("v1 _replay") and "another_project" in name:
+            elif name.startswith("v1") and "_replay" in name and "another_project" in name:
                 assert reply.status == 503, (name, reply.body)
                 assert reply.error_code() == "SignatureReused"
             elif "replay_to_another_path" not in name:
@@ -268,16 +330,17 @@ def test_a_v1_signature_sent_to_two_projects_is_refused_until_signed_again(
 ) -> None:
     """Identical v1 requests to two projects in one second have one signature (v1 does not
     sign Host): the second is refused with a status the SDK retries, and passes re-signed."""
-    now_s = time.time()
     query = [("offset", "0"), ("size", "100")]
-    first = signed("v1", "GET", ALPHA, "/logstores", query, now_s=now_s)
-    assert http.send("GET", target("/logstores", query), first).status == 200
-    second = signed("v1", "GET", BRAVO, "/logstores", query, now_s=now_s)
-    refused = http.send("GET", target("/logstores", query), second)
-    assert (refused.status, refused.error_code()) == (503, "SignatureReused")
-    assert refused.headers["retry-after"] == "1"
-    again = signed("v1", "GET", BRAVO, "/logstores", query, now_s=now_s + 1)
-    assert http.send("GET", target("/logstores", query), again).status == 200
+    for version in ("v1", "v1-sha256"):
+        now_s = time.time()
+        first = signed(version, "GET", ALPHA, "/logstores", query, now_s=now_s)
+        assert http.send("GET", target("/logstores", query), first).status == 200
+        second = signed(version, "GET", BRAVO, "/logstores", query, now_s=now_s)
+        refused = http.send("GET", target("/logstores", query), second)
+        assert (refused.status, refused.error_code()) == (503, "SignatureReused"), version
+        assert refused.headers["retry-after"] == "1"
+        again = signed(version, "GET", BRAVO, "/logstores", query, now_s=now_s + 1)
+        assert http.send("GET", target("/logstores", query), again).status == 200
 
 
 def test_a_v1_signature_that_names_its_project_is_bound_to_it(http: RawConnection) -> None:
@@ -437,6 +500,19 @@ def test_keys_reach_only_their_projects_and_read_keys_only_read(
                     version=version,
                 )
             )
+            # CreateProject at the bare endpoint (the name in the body): the same grants
+            for key_id in ("alpha-reader", "alpha-writer"):
+                refused(
+                    _call(
+                        http,
+                        key_id,
+                        "POST",
+                        "127.0.0.1",
+                        "/",
+                        body=b'{"projectName": "charlie"}',
+                        version=version,
+                    )
+                )
 
         group = json.dumps({"consumerGroup": "cg", "timeout": 4.0, "order": False}).encode()
         groups = "/logstores/store/consumergroups"

@@ -1,15 +1,19 @@
 """Request signatures: the reference's test vectors, sign/verify round trips, every way a
-request can fail verification, and agreement with the official SDK's own signing code."""
+request can fail verification, and agreement with the official SDKs' own signing code (the
+classic Python SDK's v1 and v4, the OpenAPI-generation SDK's v1 with HMAC-SHA256)."""
 
 from __future__ import annotations
 
+import base64
 import calendar
 import hashlib
+import hmac
 import time
 from collections.abc import Callable
 from urllib.parse import quote, urlencode
 
 import pytest
+from alibabacloud_gateway_sls.client import Client as OpenApiSlsGateway
 from aliyun.log.auth import AuthV1, AuthV4
 from aliyun.log.credentials import StaticCredentialsProvider
 from hypothesis import given, settings
@@ -153,6 +157,17 @@ def signer_v1(
     sign_v1(method, path, query, headers, body, c, NOW_S)
 
 
+def signer_v1_sha256(
+    method: str,
+    path: str,
+    query: list[tuple[str, str]],
+    headers: dict[str, str],
+    body: bytes,
+    c: Credentials,
+) -> None:
+    sign_v1(method, path, query, headers, body, c, NOW_S, signature_method="hmac-sha256")
+
+
 def signer_v4(
     method: str,
     path: str,
@@ -164,7 +179,10 @@ def signer_v4(
     sign_v4(method, path, query, headers, body, c, "cn-local", NOW_S)
 
 
-SIGNERS = pytest.mark.parametrize("sign", [signer_v1, signer_v4], ids=["v1", "v4"])
+# Every check below holds for each way of signing: v1 with either hash function, and v4.
+SIGNERS = pytest.mark.parametrize(
+    "sign", [signer_v1, signer_v1_sha256, signer_v4], ids=["v1", "v1-sha256", "v4"]
+)
 
 
 @SIGNERS
@@ -217,7 +235,7 @@ def test_unsigned_headers_may_change(sign: Signer) -> None:
 
 @settings(max_examples=50, deadline=None)
 @given(
-    version=st.sampled_from(["v1", "v4"]),
+    version=st.sampled_from(["v1", "v1-sha256", "v4"]),
     query=st.lists(
         st.tuples(st.text("abcdefgxyz_", min_size=1, max_size=8), st.text(max_size=12)),
         max_size=4,
@@ -229,8 +247,10 @@ def test_any_query_and_body_round_trip(
     version: str, query: list[tuple[str, str]], body: bytes
 ) -> None:
     headers = base_headers()
-    (signer_v1 if version == "v1" else signer_v4)("PUT", PATH, query, headers, body, CREDENTIALS)
-    assert verify("PUT", PATH, urlencode(query), headers, body, lookup, NOW_S).version == version
+    sign = {"v1": signer_v1, "v1-sha256": signer_v1_sha256, "v4": signer_v4}[version]
+    sign("PUT", PATH, query, headers, body, CREDENTIALS)
+    verified = verify("PUT", PATH, urlencode(query), headers, body, lookup, NOW_S)
+    assert verified.version == version[:2]
 
 
 # ---------------------------------------------------------------- failures
@@ -508,9 +528,126 @@ def test_other_repeated_headers_keep_their_last_copy() -> None:
     assert mapping == {"accept-encoding": "gzip", "host": "h"}
 
 
-@pytest.mark.parametrize("sign", [signer_v1, signer_v4])
+@SIGNERS
 def test_verify_refuses_names_that_differ_in_case_only(sign: Signer) -> None:
     headers = signed(sign)
     headers["Host"] = "other.127.0.0.1"
     with pytest.raises(ParameterInvalid):
         verify("POST", PATH, "type=log", headers, b"{}", lookup, NOW_S)
+
+
+# ---------------------------------------------------------------- v1's two hash functions
+
+
+def openapi_signed_headers(
+    method: str, query: dict[str, str], body: bytes, secret: str = "sk"
+) -> dict[str, str]:
+    """A request signed by the OpenAPI-generation SDK's own gateway code, with the headers
+    it sets (lowercase names, an empty Content-MD5 when there is no body)."""
+    headers = {
+        "accept": "application/json",
+        "host": "proj.127.0.0.1",
+        "user-agent": "AlibabaCloud (Linux) Python/3.11 Core/0.4.6 TeaDSL/1",
+        "x-log-apiversion": "0.6.0",
+        "content-type": "application/json",
+        "x-log-bodyrawsize": str(len(body)),
+        "x-log-signaturemethod": "hmac-sha256",
+        "date": "Mon, 01 Jan 2024 00:00:00 GMT",
+        "content-md5": hashlib.md5(body).hexdigest().upper() if body else "",
+    }
+    headers["authorization"] = OpenApiSlsGateway().get_authorization(
+        PATH, method, dict(query), headers, "ak", secret
+    )
+    return headers
+
+
+@pytest.mark.parametrize(
+    ("method", "query", "body"),
+    [
+        ("GET", {"type": "cursor", "from": "begin"}, b""),
+        ("POST", {"type": "heartbeat", "consumer": "c 1"}, b"[0, 1]"),
+        ("POST", {"action": "split", "key": "8" + "0" * 31, "shardCount": "2"}, b""),
+    ],
+)
+def test_openapi_sdk_hmac_sha256_v1_signature_verifies(
+    method: str, query: dict[str, str], body: bytes
+) -> None:
+    headers = openapi_signed_headers(method, query, body)
+    verified = verify(method, PATH, urlencode(query), headers, body, lookup, NOW_S)
+    assert verified == VerifiedRequest("ak", "v1", NOW_S, "hmac-sha256")
+    ours = {name: headers[name] for name in headers if name not in ("authorization", "date")}
+    sign_v1(method, PATH, list(query.items()), ours, body, CREDENTIALS, NOW_S, "hmac-sha256")
+    assert ours["authorization"] == headers["authorization"]
+
+
+def test_openapi_sdk_signature_with_a_wrong_secret_does_not_match() -> None:
+    headers = openapi_signed_headers("GET", {}, b"", secret="not-sk")
+    with pytest.raises(SignatureNotMatch, match="hmac-sha256"):
+        verify("GET", PATH, "", headers, b"", lookup, NOW_S)
+
+
+@pytest.mark.parametrize(
+    ("signed_as", "claimed"),
+    [("hmac-sha1", "hmac-sha256"), ("hmac-sha256", "hmac-sha1"), ("hmac-sha256", None)],
+)
+def test_a_signature_claimed_for_the_other_hash_function_does_not_match(
+    signed_as: str, claimed: str | None
+) -> None:
+    # A forger who relabels the method changes a signed header (or drops it): whichever hash
+    # the server then uses, the signature it recomputes is not the one sent.
+    headers = base_headers()
+    sign_v1("GET", PATH, [], headers, b"", CREDENTIALS, NOW_S, signed_as)
+    if claimed is None:
+        del headers["x-log-signaturemethod"]
+    else:
+        headers["x-log-signaturemethod"] = claimed
+    with pytest.raises(SignatureNotMatch):
+        verify("GET", PATH, "", headers, b"", lookup, NOW_S)
+
+
+def test_a_signature_forged_over_the_method_header_does_not_match() -> None:
+    # The string to sign names hmac-sha256 but the digest is SHA-1's: refused, not accepted
+    # as the SHA-1 signature it is.
+    headers = base_headers()
+    headers["x-log-signaturemethod"] = "hmac-sha256"
+    sign_v1("GET", PATH, [], headers, b"", CREDENTIALS, NOW_S)  # sets hmac-sha1, signs SHA-1
+    sha1_signature = headers["authorization"]
+    headers = base_headers()
+    sign_v1("GET", PATH, [], headers, b"", CREDENTIALS, NOW_S, "hmac-sha256")
+    headers["authorization"] = sha1_signature
+    with pytest.raises(SignatureNotMatch):
+        verify("GET", PATH, "", headers, b"", lookup, NOW_S)
+
+
+def test_a_v1_request_without_a_method_header_is_hmac_sha1() -> None:
+    headers = base_headers()
+    sign_v1("GET", PATH, [], headers, b"", CREDENTIALS, NOW_S)
+    del headers["x-log-signaturemethod"]
+    headers.pop("x-log-date")
+    # re-sign without the header, as a client older than the header did
+    del headers["authorization"]
+    string_to_sign = (
+        "GET\n\napplication/json\nMon, 01 Jan 2024 00:00:00 GMT\n"
+        "x-log-apiversion:0.6.0\nx-log-bodyrawsize:0\n" + PATH
+    )
+    digest = hmac.new(b"sk", string_to_sign.encode(), hashlib.sha1).digest()
+    headers["authorization"] = "LOG ak:" + base64.b64encode(digest).decode()
+    verified = verify("GET", PATH, "", headers, b"", lookup, NOW_S)
+    assert verified.signature_method == "hmac-sha1"
+
+
+@pytest.mark.parametrize("method", ["hmac-md5", "hmac-sha512", "", "sha256", "none"])
+def test_an_unknown_signature_method_is_refused(method: str) -> None:
+    # Signed correctly (with SHA-1) over the unknown name: still refused, with a clear reason.
+    headers = base_headers()
+    sign_v1("GET", PATH, [], headers, b"", CREDENTIALS, NOW_S)
+    headers["x-log-signaturemethod"] = method
+    del headers["authorization"]
+    string_to_sign = (
+        "GET\n\napplication/json\nMon, 01 Jan 2024 00:00:00 GMT\n"
+        f"x-log-apiversion:0.6.0\nx-log-bodyrawsize:0\nx-log-signaturemethod:{method}\n{PATH}"
+    )
+    digest = hmac.new(b"sk", string_to_sign.encode(), hashlib.sha1).digest()
+    headers["authorization"] = "LOG ak:" + base64.b64encode(digest).decode()
+    with pytest.raises(Unauthorized, match="x-log-signaturemethod"):
+        verify("GET", PATH, "", headers, b"", lookup, NOW_S)

@@ -2,7 +2,11 @@
 
 Routing follows the protocol reference: the project comes from the first label of the `Host`
 header (``<project>.<base host>``), never from the path, and one path often carries several
-operations told apart by the method and the `type` or `action` query parameter. Absolute-form
+operations told apart by the method and the `type` or `action` query parameter. Those two
+parameters are checked on every route: a value that names an API LogHub lacks (a query,
+``type=log`` on a logstore; an unknown ``action``), or one sent where no API of that path
+takes it, is refused, never served by another API of the same path. Optional query
+parameters follow one rule everywhere: empty (``offset=``) is the same as absent. Absolute-form
 request targets (``GET http://proj.127.0.0.1:8080/logstores HTTP/1.1``, what the SDK sends
 through ``HTTP_PROXY``) reach here as plain paths: uvicorn's httptools parser keeps only path
 and query (``raw_path`` holds no authority), so the authority of such a target can neither
@@ -33,7 +37,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import parse_qsl
 
 from starlette.requests import ClientDisconnect, Request
@@ -41,6 +45,7 @@ from starlette.responses import Response
 
 from loghub._clock import Clock, SystemClock
 from loghub.errors import (
+    IndexConfigNotExist,
     LogHubError,
     ParameterInvalid,
     PostBodyInvalid,
@@ -48,6 +53,7 @@ from loghub.errors import (
     ProjectNotExist,
     ServerBusy,
     SignatureReused,
+    Unauthorized,
 )
 from loghub.server.admission import BodyBudget
 from loghub.server.auth import Authenticator, needs_write
@@ -185,6 +191,24 @@ def _error(exc: LogHubError, request_id: str) -> Response:
         media_type=_JSON,
         headers=headers,
     )
+
+
+# The query parameters that choose among the APIs sharing a path.
+_SELECTORS = ("type", "action")
+# GET /logstores/{name}?type=...: the query APIs of the hosted service, which need an index.
+_QUERY_TYPES = frozenset(("log", "histogram", "topic"))
+
+
+def _refuse_selectors(call: _Call, *taken: str) -> None:
+    """Refuses a ``type`` or ``action`` on a route whose APIs do not take it: such a request
+    names an API LogHub does not have, and must not be served by the one that shares the
+    path (``GET /logstores/ls?type=log`` is a query, not GetLogStore)."""
+    for name in _SELECTORS:
+        value = call.optional(name)
+        if name not in taken and value is not None:
+            raise ParameterInvalid(
+                f"unsupported API: {call.method} {call.path} with {name}={value[:64]!r}"
+            )
 
 
 def _int_param(call: _Call, name: str, default: int | None = None) -> int:
@@ -382,26 +406,47 @@ class LogHubApp:
     async def _route(self, call: _Call) -> Response:
         parts = call.parts
         if not parts:
+            _refuse_selectors(call)
             return await self._project(call)
         if parts[0] == "logstores":
             if len(parts) == 1:
+                _refuse_selectors(call)
                 return await self._logstores(call)
             if len(parts) == 2:
                 return await self._logstore(call, parts[1])
+            if len(parts) == 3 and (parts[2], call.method) in (("logs", "POST"), ("index", "GET")):
+                # GetLogs v2; GetIndex, and GetHistograms as the OpenAPI SDKs send it
+                if call.optional("type") not in _QUERY_TYPES:
+                    _refuse_selectors(call)
+                return self._no_index(call, parts[1])
             if parts[2] == "shards" and len(parts) == 3 and call.method == "GET":
+                _refuse_selectors(call)
                 return self._list_shards(call, parts[1])
             if parts[2] == "shards" and len(parts) == 4:
                 return await self._shard(call, parts[1], parts[3])
             if parts[2] == "consumergroups" and len(parts) == 3:
+                _refuse_selectors(call)
                 return await self._consumer_groups(call, parts[1])
             if parts[2] == "consumergroups" and len(parts) == 4:
                 return await self._consumer_group(call, parts[1], parts[3])
         raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
 
+    def _no_index(self, call: _Call, logstore: str) -> NoReturn:
+        """The queries (GetLogs v1 and v2, histograms, topics) and GetIndex: the hosted
+        service's answer for a logstore without an index, after the checks that come first
+        there (project, logstore). Writing an index config is not offered at all."""
+        self.service.metadata.get_logstore(call.need_project(), logstore)
+        raise IndexConfigNotExist(
+            f"logstore {logstore} has no index: LogHub keeps no index and answers no queries"
+            " (read logs with PullLogs through cursors)"
+        )
+
     # -- projects ----------------------------------------------------------------------------
 
     async def _project(self, call: _Call) -> Response:
         meta = self.service.metadata
+        if call.method == "POST":
+            return self._create_project(call)
         if call.project is None:
             if call.method != "GET":
                 raise ParameterInvalid(f"unsupported API: {call.method} / without a project")
@@ -425,16 +470,40 @@ class LogHubApp:
                 },
                 call.request_id,
             )
-        if call.method == "POST":
-            body = call.json_object()
-            meta.create_project(call.project, str(body.get("description", "")))
-            return _empty(call.request_id)
         if call.method == "GET":
             return _json(meta.get_project(call.project).to_json(), call.request_id)
         if call.method == "DELETE":
             await self._blocking(self.service.delete_project, call.project)
             return _empty(call.request_id)
         raise ParameterInvalid(f"unsupported API: {call.method} /")
+
+    def _create_project(self, call: _Call) -> Response:
+        """CreateProject in both of its forms: ``POST /`` to ``<project>.<host>`` (the classic
+        Python SDK) and ``POST /`` to the bare endpoint with the name in the body's
+        ``projectName`` (the Node.js and OpenAPI-generation SDKs). One name, one validation:
+        a body naming another project than the host is refused."""
+        body = call.json_object()
+        named = body.get("projectName")
+        if named is not None and not isinstance(named, str):
+            raise PostBodyInvalid("projectName must be a string")
+        if call.project is not None and named and named != call.project:
+            raise ParameterInvalid(
+                f"the body names project {named[:64]!r}, the host {call.project!r}"
+            )
+        name = call.project or named
+        if not name:
+            raise ParameterInvalid(
+                "CreateProject needs a project: in the Host (<project>.<host>) or in the"
+                " body's projectName"
+            )
+        if call.project is None and call.key_id is not None:
+            # the signature checked no grant for the bare endpoint: check it for the body's name
+            grant = self._auth.grant(call.key_id)
+            if not grant.allows(name, True):
+                raise Unauthorized(f"access key {call.key_id!r} may not create project {name!r}")
+        description = body.get("description")
+        self.service.metadata.create_project(name, "" if description is None else str(description))
+        return _empty(call.request_id)
 
     # -- logstores ---------------------------------------------------------------------------
 
@@ -454,6 +523,10 @@ class LogHubApp:
 
     async def _logstore(self, call: _Call, name: str) -> Response:
         project = call.need_project()
+        kind = call.optional("type")
+        if call.method == "GET" and kind in _QUERY_TYPES:
+            return self._no_index(call, name)
+        _refuse_selectors(call)
         if call.method == "GET":
             logstore = self.service.metadata.get_logstore(project, name)
             return _json(logstore.to_json(), call.request_id)
@@ -480,7 +553,8 @@ class LogHubApp:
     async def _consumer_group(self, call: _Call, logstore: str, name: str) -> Response:
         project = call.need_project()
         groups = self.service.groups
-        kind = call.query.get("type")
+        _refuse_selectors(call, "type" if call.method == "POST" else "")
+        kind = call.optional("type")
         consumer = call.query.get("consumer", "")
         if call.method == "POST" and kind == "heartbeat":
             granted = await self._blocking(
@@ -522,13 +596,14 @@ class LogHubApp:
 
     async def _shard(self, call: _Call, logstore: str, target: str) -> Response:
         project = call.need_project()
-        if call.method == "POST" and "action" not in call.query:
+        _refuse_selectors(call, {"POST": "action", "GET": "type"}.get(call.method, ""))
+        if call.method == "POST" and call.optional("action") is None:
             return await self._put_logs(call, project, logstore, target)
         if call.method == "POST":
             return await self._reshard(call, project, logstore, target)
         if call.method == "GET":
             shard_id = parse_shard_id(target)
-            kind = call.query.get("type")
+            kind = call.optional("type")
             if kind == "log":
                 return await self._pull_logs(call, project, logstore, shard_id)
             if kind == "cursor":

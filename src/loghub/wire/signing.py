@@ -1,4 +1,5 @@
-"""Request signatures of the LogHub protocol, v1 (HMAC-SHA1) and v4 (HMAC-SHA256): sign and verify.
+"""Request signatures of the LogHub protocol, v1 (HMAC-SHA1 or HMAC-SHA256) and v4
+(HMAC-SHA256): sign and verify.
 
 The rules are those of reference/sls-protocol.md section 4, which the official SDK follows;
 the pitfalls that break compatibility are called out where they are handled:
@@ -6,6 +7,10 @@ the pitfalls that break compatibility are called out where they are handled:
 - v1 signs ``x-log-*``/``x-acs-*`` headers but never ``x-log-date``, which the SDK adds after
   signing (a copy of ``Date`` for proxies that drop ``Date``); it signs the *decoded* query
   values, sorted by key, after the path.
+- v1 has two hash functions, named by the signed ``x-log-signaturemethod`` header:
+  ``hmac-sha1`` (the classic SDKs; also assumed when the header is absent) and
+  ``hmac-sha256`` (the OpenAPI-generation SDKs, ``alibabacloud-sls20201230`` and its twins).
+  The string to sign is the same for both; any other method is refused, never guessed.
 - v4 signs ``host``, ``content-type`` and ``x-log-*``/``x-acs-*`` (``x-log-date`` included);
   the list of signed headers is not sent, so the verifier rebuilds it by the same rule. Query
   values are re-encoded by RFC 3986 (``/`` encoded, empty value written as the key alone).
@@ -34,7 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate, parsedate_to_datetime
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import parse_qsl, quote
 
 from loghub.errors import (
@@ -74,9 +79,17 @@ class VerifiedRequest:
     access_key_id: str
     version: Literal["v1", "v4"]
     request_time_s: float
+    signature_method: str = "hmac-sha1"  # v1's hash function; v4 is always HMAC-SHA256
 
 
 # ---------------------------------------------------------------------------- v1
+
+_SIGNATURE_METHOD_HEADER = "x-log-signaturemethod"
+# v1's hash functions by the name the client signs in x-log-signaturemethod.
+_V1_DIGESTS: dict[str, Callable[[], Any]] = {
+    "hmac-sha1": hashlib.sha1,
+    "hmac-sha256": hashlib.sha256,
+}
 
 
 def sign_v1(
@@ -87,11 +100,16 @@ def sign_v1(
     body: bytes,
     credentials: Credentials,
     now_s: float,
+    signature_method: str = "hmac-sha1",
 ) -> None:
-    """Sign a request with v1, adding its headers to ``headers`` as the SDK does."""
+    """Sign a request with v1, adding its headers to ``headers`` as the SDK does.
+
+    ``signature_method``: ``hmac-sha1`` as the classic SDKs sign, or ``hmac-sha256`` as the
+    OpenAPI-generation SDKs do."""
+    assert signature_method in _V1_DIGESTS, signature_method
     if credentials.security_token:
         headers["x-acs-security-token"] = credentials.security_token
-    headers["x-log-signaturemethod"] = "hmac-sha1"
+    headers[_SIGNATURE_METHOD_HEADER] = signature_method
     date = formatdate(now_s, usegmt=True)
     headers["date"] = date
     content_md5 = ""
@@ -100,7 +118,7 @@ def sign_v1(
         headers["content-md5"] = content_md5
     lowered = _lowercase_names(headers)
     string_to_sign = _v1_string_to_sign(method, path, query, lowered, content_md5, date)
-    signature = _v1_signature(credentials.access_key_secret, string_to_sign)
+    signature = _v1_signature(credentials.access_key_secret, string_to_sign, signature_method)
     headers["authorization"] = f"{_V1_PREFIX}{credentials.access_key_id}:{signature}"
     headers["x-log-date"] = date  # after signing, so it is not signed: the SDK's order
 
@@ -125,9 +143,26 @@ def _v1_string_to_sign(
     return f"{method}\n{content_md5}\n{content_type}\n{date}\n{signed_headers}{resource}"
 
 
-def _v1_signature(secret: str, string_to_sign: str) -> str:
-    digest = hmac.new(secret.encode(), string_to_sign.encode(), hashlib.sha1).digest()
+def _v1_signature(secret: str, string_to_sign: str, signature_method: str) -> str:
+    digest = hmac.new(
+        secret.encode(), string_to_sign.encode(), _V1_DIGESTS[signature_method]
+    ).digest()
     return base64.b64encode(digest).decode("ascii")
+
+
+def _v1_signature_method(headers: Mapping[str, str]) -> str:
+    """The hash function a v1 request names; absent means hmac-sha1 (what clients older than
+    the header sent). The header is signed, so it cannot be switched without the secret."""
+    named = headers.get(_SIGNATURE_METHOD_HEADER)
+    if named is None:
+        return "hmac-sha1"
+    method = named.strip().lower()
+    if method not in _V1_DIGESTS:
+        raise Unauthorized(
+            f"unsupported {_SIGNATURE_METHOD_HEADER} {named[:32]!r}:"
+            f" v1 signatures use {' or '.join(_V1_DIGESTS)}"
+        )
+    return method
 
 
 def _verify_v1(
@@ -144,6 +179,7 @@ def _verify_v1(
     access_key_id, _, signature = credential.rpartition(":")
     if not access_key_id or not signature:
         raise Unauthorized("malformed v1 Authorization header")
+    signature_method = _v1_signature_method(headers)
     secret = _secret(lookup_secret, access_key_id)
     date = headers.get("date") or headers.get("x-log-date")
     if not date:
@@ -157,13 +193,13 @@ def _verify_v1(
         content_md5.upper().encode(), body_md5.encode()
     ):
         raise SignatureNotMatch("Content-MD5 is missing or does not match the body")
-    query = parse_qsl(raw_query, keep_blank_values=True)
-    expected = _v1_signature(
-        secret, _v1_string_to_sign(method, path, query, headers, content_md5, date)
+    string_to_sign = _v1_string_to_sign(
+        method, path, _query_pairs(raw_query), headers, content_md5, date
     )
+    expected = _v1_signature(secret, string_to_sign, signature_method)
     if not hmac.compare_digest(expected.encode(), signature.encode()):
-        raise SignatureNotMatch("v1 signature does not match")
-    return VerifiedRequest(access_key_id, "v1", request_time_s)
+        raise SignatureNotMatch(f"v1 signature ({signature_method}) does not match")
+    return VerifiedRequest(access_key_id, "v1", request_time_s, signature_method)
 
 
 def _parse_http_date(date: str) -> float:
@@ -292,7 +328,7 @@ def _verify_v4(
         content_sha256.lower().encode(), hashlib.sha256(body).hexdigest().encode()
     ):
         raise SignatureNotMatch("x-log-content-sha256 does not match the body")
-    canonical_query = _v4_canonical_query(parse_qsl(raw_query, keep_blank_values=True))
+    canonical_query = _v4_canonical_query(_query_pairs(raw_query))
     expected = _v4_signature(
         secret, method, path, canonical_query, headers, content_sha256, request_time, scope
     )
@@ -339,6 +375,12 @@ def verify(
     return verify_version(
         method, path, raw_query, lowered, body, credential, lookup_secret, now_s, skew_s_max
     )
+
+
+def _query_pairs(raw_query: str) -> list[tuple[str, str]]:
+    """The decoded query, as both versions sign it (v4 then re-encodes the values): a
+    parameter sent as ``key=`` or ``key`` is kept, with an empty value."""
+    return parse_qsl(raw_query, keep_blank_values=True)
 
 
 def _secret(lookup_secret: Callable[[str], str | None], access_key_id: str) -> str:
