@@ -104,7 +104,8 @@ def _explained_redelivery(earlier: Delivery, later: Delivery, events: list[dict[
         # that its shard has moved on (the next heartbeat tells it)
         grace_ns = RESUME_GRACE_NS if fault.kind == "pause_consumer" else 0
         if hits and earlier.t < fault.lifted_ns + grace_ns and fault.started_ns <= later.t:
-            checkpoint = durable_checkpoint(events, earlier.shard, fault.lifted_ns)
+            # the checkpoint a successor starts from: the last one written before the fault
+            checkpoint = durable_checkpoint(events, earlier.shard, fault.started_ns)
             if earlier.seq >= checkpoint:
                 return True
     return False

@@ -166,11 +166,11 @@ def _run_with_server(options: Options, faults: tuple[str, ...], base: Path, disk
 
 def _inject_until(target: Target, faults: tuple[str, ...], options: Options,
                   deadline: float) -> None:  # fmt: skip
-    """Every fault kind once, in a seeded order (so a short run still meets them all), then
-    kinds chosen at random, until the deadline."""
+    """Every fault kind once, in a seeded order (a short run still meets them all, even past
+    the deadline), then kinds chosen at random until the deadline."""
     time.sleep(min(5.0, options.seconds / 4))  # let every shard find a consumer first
     first_round = target.rng.sample(faults, len(faults))
-    while faults and time.monotonic() < deadline:
+    while faults and (time.monotonic() < deadline or first_round):
         kind = first_round.pop() if first_round else target.rng.choice(faults)
         if kind in ("split", "merge"):
             kind = target.reshard_kind(kind)

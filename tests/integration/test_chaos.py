@@ -74,3 +74,19 @@ def test_checker_tells_lost_reordered_and_unexplained_logs_from_explained_duplic
     report = check_group("g", events, acked, failed=set(), faults=[kill])
     assert report.lost == []
     assert len(report.order_violations) == 1 and "b: n=0" in report.order_violations[0]
+
+
+def test_checker_explains_redelivery_after_a_pause_by_the_checkpoint_before_the_pause() -> None:
+    """The successor starts from the checkpoint written before the pause; checkpoints it
+    writes itself while the paused process sleeps do not make the redelivery unexplained."""
+    acked = {("a", 0): 1, ("a", 1): 2}
+    events = [
+        {"e": "ckpt", "pid": 10, "t": 50, "shard": 0, "seq": 0},
+        _logs(10, 100, 0, 0, ("a", 0), ("a", 1)),  # pid 10 paused at 200, before persisting
+        _logs(11, 300, 0, 0, ("a", 0), ("a", 1)),
+        {"e": "ckpt", "pid": 11, "t": 350, "shard": 0, "seq": 2},
+    ]
+    pause = Fault("pause_consumer", started_ns=200, lifted_ns=400, pid=10)
+    report = check_group("g", events, acked, failed=set(), faults=[pause])
+    assert report.redelivered_explained == 2
+    assert report.unexplained == []
