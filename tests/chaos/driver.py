@@ -110,8 +110,10 @@ def run(options: Options, log: Callable[[str], None] = print) -> Result:
                 log("tmpfs could not be mounted (not root?): fill_disk left out")
                 faults = tuple(f for f in faults if f != "fill_disk")
             postgres_url = stack.enter_context(running_postgres())
-            server = ChaosServer(disk.path, SEGMENT_BYTES).start()
-            stack.callback(server.kill)
+            server = ChaosServer(disk.path, SEGMENT_BYTES)
+            server.start()
+            stack.callback(server.crash)  # after stop(): whatever is left, by PID
+            stack.callback(server.stop)
             _run_with_server(options, faults, base, disk, server, postgres_url, rng, result, log)
             result.orphans = server.orphans_found
     finally:

@@ -239,22 +239,28 @@ class SparkStream:
             self.proc.wait(timeout=30)
 
     def logs(self) -> list[tuple[str, int]]:
-        """The (key, n) of every row in the committed Parquet files (the file sink's log
-        lists only committed files; files of a killed batch are left out)."""
+        """The (key, n) of every row in the committed Parquet files. The file sink's log
+        lists the files of each committed batch (a killed batch's files are not listed);
+        every tenth entry (`N.compact`) repeats all earlier ones, so reading starts from the
+        newest compact entry."""
         import pyarrow.parquet as pq  # only the Spark part needs pyarrow
 
-        rows: list[tuple[str, int]] = []
         log_dir = self.out / "_spark_metadata"
-        committed: list[str] = []
-        batches = log_dir.glob("[0-9]*") if log_dir.exists() else []
-        for entry in sorted(p for p in batches if p.name.removesuffix(".compact").isdigit()):
-            for line in entry.read_text().splitlines()[1:]:
-                committed.append(json.loads(line)["path"])
-        for path in committed:
-            table = pq.read_table(path.removeprefix("file://"), columns=["contents"])
-            for contents in table.column("contents").to_pylist():
-                fields = dict(contents)
-                rows.append((fields["key"], int(fields["n"])))
+        entries: dict[int, Path] = {}
+        for path in log_dir.glob("[0-9]*") if log_dir.exists() else []:
+            number = path.name.removesuffix(".compact")
+            if number.isdigit():
+                entries[int(number)] = path
+        compacts = [n for n, path in entries.items() if path.name.endswith(".compact")]
+        first = max(compacts, default=0)
+        rows: list[tuple[str, int]] = []
+        for number in sorted(n for n in entries if n >= first):
+            for line in entries[number].read_text().splitlines()[1:]:
+                file = json.loads(line)["path"].removeprefix("file://")
+                table = pq.read_table(file, columns=["contents"])
+                for contents in table.column("contents").to_pylist():
+                    fields = dict(contents)
+                    rows.append((fields["key"], int(fields["n"])))
         return rows
 
 
