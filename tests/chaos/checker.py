@@ -25,7 +25,8 @@ from typing import Any
 
 from faults import Fault
 
-CRASH_LIKE = {"kill_server", "flip_byte", "break_postgres", "fill_disk"}  # hit every process
+# faults that hit every process
+CRASH_LIKE = {"kill_server", "pause_server", "flip_byte", "break_postgres", "fill_disk"}
 RESUME_GRACE_NS = 3_000_000_000  # a heartbeat interval (1 s) and a batch, with room to spare
 
 

@@ -71,6 +71,9 @@ class Result:
     producer_errors: dict[str, int] = field(default_factory=dict)
     storage_lost: list[tuple[str, int]] = field(default_factory=list)
     storage_errors: list[str] = field(default_factory=list)
+    # unreadable groups that each held a flipped byte themselves (one group per flip, each
+    # group one log here): that loss is the damage itself, the rest is loss beyond it
+    storage_lost_in_damaged_groups: int = 0
     groups: list[GroupReport] = field(default_factory=list)
     spark_lost: int = 0
     spark_duplicates: int = 0
@@ -84,7 +87,15 @@ class Result:
 
     @property
     def lost(self) -> int:
-        return len(self.storage_lost) + sum(len(g.lost) for g in self.groups) + self.spark_lost
+        return (
+            self.storage_lost_beyond_damage
+            + sum(len(g.lost) for g in self.groups)
+            + self.spark_lost
+        )
+
+    @property
+    def storage_lost_beyond_damage(self) -> int:
+        return len(self.storage_lost) - self.storage_lost_in_damaged_groups
 
     @property
     def order_violations(self) -> int:
@@ -226,8 +237,13 @@ def _check(result: Result, producer: Producer, target: Target, fleets: list[Flee
     result.faults = target.faults
     result.workers_exited = [name for fleet in fleets for name in fleet.exited]
     result.spark_restarts = target.spark_restarts
-    stored = _stored_logs(target.client, target.logstore, result.storage_errors)
+    unreadable: list[tuple[int, int, int]] = []
+    stored = _stored_logs(target.client, target.logstore, result.storage_errors, unreadable)
     result.storage_lost = sorted(acked.keys() - stored)
+    damaged = [fault.damaged for fault in target.faults if fault.damaged]
+    result.storage_lost_in_damaged_groups = min(
+        len(result.storage_lost), _groups_holding_a_flip(unreadable, damaged)
+    )
     group_events = {fleet.group: fleet.events() for fleet in fleets}
     for name, events in group_events.items():
         result.groups.append(check_group(name, events, acked, producer.failed, target.faults))
@@ -239,10 +255,27 @@ def _check(result: Result, producer: Producer, target: Target, fleets: list[Flee
     result.recovery_s = recovery_times_s(target.faults, acked, group_events)
 
 
-def _stored_logs(client: LogHubClient, logstore: str, errors: list[str]) -> set[tuple[str, int]]:
+def _groups_holding_a_flip(unreadable: list[tuple[int, int, int]],
+                           damaged: list[tuple[int, int, int]]) -> int:  # fmt: skip
+    """How many unreadable groups a flipped byte can explain: one per flip, a group of the
+    segment file that was damaged. Wider damage is loss beyond the damaged record."""
+    explained = 0
+    remaining = [[shard, lo, hi] for shard, lo, hi in unreadable]
+    for shard, begin, end in damaged:
+        for entry in remaining:
+            if entry[0] == shard and begin <= entry[1] <= entry[2] and entry[1] < end:
+                entry[1] += 1  # one unreadable sequence of this range taken by this flip
+                explained += 1
+                break
+    return explained
+
+
+def _stored_logs(client: LogHubClient, logstore: str, errors: list[str],
+                 unreadable: list[tuple[int, int, int]]) -> set[tuple[str, int]]:  # fmt: skip
     """Every (key, n) the server returns when every shard is read from its beginning. A pull
     that fails is tried again one sequence further on, so damage costs only what the server
-    cannot serve; each unreadable range is reported in ``errors``."""
+    cannot serve; each unreadable range is listed in ``errors`` and, as (shard, first, last
+    sequence), in ``unreadable``."""
     stored: set[tuple[str, int]] = set()
     for shard in client.list_shards(PROJECT, logstore):
         shard_id = shard.shard_id
@@ -259,6 +292,7 @@ def _stored_logs(client: LogHubClient, logstore: str, errors: list[str]) -> set[
                 continue
             if bad_from >= 0:
                 errors.append(f"shard {shard_id} sequences {bad_from}..{seq - 1}: {first_error}")
+                unreadable.append((shard_id, bad_from, seq - 1))
                 bad_from = -1
             for group in pulled.log_groups:
                 for entry in group.Logs:
@@ -267,6 +301,7 @@ def _stored_logs(client: LogHubClient, logstore: str, errors: list[str]) -> set[
             seq = max(seq + 1, decode_cursor(pulled.next_cursor))
         if bad_from >= 0:
             errors.append(f"shard {shard_id} sequences {bad_from}..{end - 1}: {first_error}")
+            unreadable.append((shard_id, bad_from, end - 1))
     return stored
 
 
@@ -288,8 +323,9 @@ def report(result: Result, log: Callable[[str], None] = print) -> None:
     log(f"faults: {', '.join(f'{k} x{v}' for k, v in sorted(kinds.items())) or 'none'}")
     errors = ", ".join(f"{kind} x{count}" for kind, count in sorted(result.producer_errors.items()))
     log(f"acknowledged logs: {result.acked}; failed write attempts: {errors or 'none'}")
-    log(f"acked logs lost from storage: {len(result.storage_lost)} "
-        f"{_sample(result.storage_lost)}")  # fmt: skip
+    log(f"acked logs lost from storage: {result.storage_lost_beyond_damage} beyond the "
+        f"damaged records, {result.storage_lost_in_damaged_groups} in a record that held a "
+        f"flipped byte {_sample(result.storage_lost)}")  # fmt: skip
     for error in result.storage_errors:
         log(f"  unreadable: {error}")
     for group in result.groups:

@@ -24,6 +24,7 @@ from loghub.client import LogHubClient
 # Faults today's server survives without losing acknowledged data (the short run's set).
 SURVIVED = (
     "kill_server",
+    "pause_server",
     "kill_consumer",
     "pause_consumer",
     "split",
@@ -45,6 +46,8 @@ class Fault:
     # the consumer process it hit (its redeliveries are explained by it); 0: every process
     pid: int = 0
     detail: str = ""
+    # flip_byte: (shard, first sequence, end sequence) of the damaged segment file
+    damaged: tuple[int, int, int] | None = None
 
 
 @dataclass
@@ -87,6 +90,7 @@ class Target:
                 byte = file.read(1)
                 file.seek(offset)
                 file.write(bytes([byte[0] ^ 0xFF]))
+            fault.damaged = segment_range(path)
             relative = path.relative_to(self.server.data_dir)
             fault.detail = f"{relative} byte {offset} of {path.stat().st_size}"
         else:
@@ -98,6 +102,14 @@ class Target:
         started = time.monotonic()
         self.server.start()
         fault.detail += f" (server up in {time.monotonic() - started:.1f} s)"
+
+    def pause_server(self, fault: Fault) -> None:
+        """SIGSTOP of the server past the group timeout: every consumer's heartbeats go
+        unanswered, and when the server wakes up, every heartbeat it last saw is stale."""
+        os.kill(self.server.pid, signal.SIGSTOP)
+        time.sleep(PAUSE_PAST_TIMEOUT_S)
+        os.kill(self.server.pid, signal.SIGCONT)
+        fault.detail = f"for {PAUSE_PAST_TIMEOUT_S} s"
 
     def kill_consumer(self, fault: Fault) -> None:
         fleet = self.rng.choice(self.fleets)
@@ -180,3 +192,12 @@ def closed_segments(data_dir: Path) -> list[Path]:
     for paths in by_dir.values():
         closed += [p for p in sorted(paths)[:-1] if p.stat().st_size > 0]
     return sorted(closed)
+
+
+def segment_range(path: Path) -> tuple[int, int, int]:
+    """(shard, first sequence, end sequence) of a closed segment: files are named by the
+    first sequence they hold, 20 digits, in a directory named by the shard id."""
+    bases = sorted(int(p.stem) for p in path.parent.glob("*.log") if p.stem.isdigit())
+    following = [base for base in bases if base > int(path.stem)]
+    assert following, f"{path} is the newest segment of its shard, not a closed one"
+    return int(path.parent.name), int(path.stem), following[0]

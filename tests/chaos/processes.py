@@ -248,9 +248,9 @@ class SparkStream:
         log_dir = self.out / "_spark_metadata"
         entries: dict[int, Path] = {}
         for path in log_dir.glob("[0-9]*") if log_dir.exists() else []:
-            number = path.name.removesuffix(".compact")
-            if number.isdigit():
-                entries[int(number)] = path
+            batch = path.name.removesuffix(".compact")
+            if batch.isdigit():
+                entries[int(batch)] = path
         compacts = [n for n, path in entries.items() if path.name.endswith(".compact")]
         first = max(compacts, default=0)
         rows: list[tuple[str, int]] = []

@@ -3,8 +3,9 @@
 The run (tests/chaos/driver.py) starts a real `loghub serve` on a small tmpfs, a producer,
 two ordered consumer groups of worker processes (one coordinated by the server, one by
 leases in a real PostgreSQL), and injects, for about half a minute, the faults today's code
-survives: SIGKILL and restart of the server, SIGKILL of consumers, SIGSTOP/SIGCONT of a
-consumer past the group timeout, split, merge, PostgreSQL backends terminated, a full disk.
+survives: SIGKILL and restart of the server, SIGSTOP/SIGCONT of the server and of a
+consumer past the group timeout, SIGKILL of consumers, split, merge, PostgreSQL backends
+terminated, a full disk.
 The long run (`make chaos`) adds a flipped byte in a closed segment and a Spark stream.
 """
 
