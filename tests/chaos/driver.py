@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -76,7 +77,8 @@ class Result:
     storage_lost_in_damaged_groups: int = 0
     groups: list[GroupReport] = field(default_factory=list)
     spark_lost: int = 0
-    spark_duplicates: int = 0
+    spark_duplicates: int = 0  # rows twice in the sink, not explained by a retried write
+    spark_stored_twice: int = 0  # rows of a log the producer stored twice
     faults: list[Fault] = field(default_factory=list)
     recovery_s: dict[str, list[float]] = field(default_factory=dict)
     orphans: int = 0
@@ -251,7 +253,9 @@ def _check(result: Result, producer: Producer, target: Target, fleets: list[Flee
         result.spark_ran = True
         rows = spark.logs()
         result.spark_lost = len(acked.keys() - set(rows))
-        result.spark_duplicates = len(rows) - len(set(rows))
+        extra = Counter(rows) - Counter(set(rows))
+        result.spark_stored_twice = sum(c for log, c in extra.items() if log in producer.failed)
+        result.spark_duplicates = extra.total() - result.spark_stored_twice
     result.recovery_s = recovery_times_s(target.faults, acked, group_events)
 
 
@@ -342,7 +346,8 @@ def report(result: Result, log: Callable[[str], None] = print) -> None:
     if result.spark_ran:
         log(
             f"spark stream: acked logs lost {result.spark_lost}, duplicates "
-            f"{result.spark_duplicates}, stopped by itself {result.spark_restarts} times"
+            f"{result.spark_duplicates} (and {result.spark_stored_twice} of logs stored twice "
+            f"by a retried write), stopped by itself {result.spark_restarts} times"
         )
     for kind, values in sorted(result.recovery_s.items()):
         log(f"recovery after {kind}: {summary(values)}")
