@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow bench lint setup system-deps clean
+.PHONY: run test test-slow chaos bench lint setup system-deps clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,12 @@ test: $(STAMP) system-deps
 test-slow: $(STAMP) system-deps
 	$(PY) -m pytest -q -m slow
 	LOGHUB_HYPOTHESIS_PROFILE=wide $(PY) -m pytest -q -m hypothesis --timeout 3600
+
+# Real processes under real faults (see tests/chaos/driver.py and docs/operations.md);
+# CHAOS_SECONDS=600 for a longer run, LOGHUB_SEED=... to replay one, CHAOS_ARGS for more.
+CHAOS_SECONDS ?= 180
+chaos: $(STAMP) system-deps
+	$(PY) tests/chaos/driver.py --seconds $(CHAOS_SECONDS) --spark $(CHAOS_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/ingest.py
