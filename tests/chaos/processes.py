@@ -32,15 +32,14 @@ from loghub.wire.logs import make_log_group
 
 HERE = Path(__file__).resolve().parent
 WORKER_SCRIPT = HERE.parent / "integration" / "loghub_consumer_worker.py"
-SERVER_SCRIPT = HERE / "serve_small_segments.py"
 SPARK_SCRIPT = HERE / "spark_stream.py"
 ACCESS_KEY = ("ak", "sk")  # loghub_consumer_worker.py signs with this pair
 PROJECT = "chaos"
 
 
 class ChaosServer(ServerProcess):
-    """`loghub serve` (with small segments) as a child process; restarts keep the port, so
-    clients and consumers find it again. Worker processes it leaves behind after a SIGKILL
+    """`loghub serve --segment-bytes-max` (small segments) as a child process; restarts keep
+    the port, so clients and consumers find it again. Worker processes it leaves behind after a SIGKILL
     are counted and stopped by PID."""
 
     def __init__(self, data_dir: Path, segment_bytes: int) -> None:
@@ -51,8 +50,9 @@ class ChaosServer(ServerProcess):
     def _start_once(self, timeout_s: float) -> ServerProcess:
         keys_file = self.data_dir.parent / f"{self.data_dir.name}-keys.json"
         keys_file.write_text(json.dumps(self.keys))
-        args = [sys.executable, str(SERVER_SCRIPT), str(self.data_dir), str(self.port),
-                str(keys_file), str(self.segment_bytes)]  # fmt: skip
+        args = [sys.executable, "-m", "loghub", "serve", "--data-dir", str(self.data_dir),
+                "--host", "127.0.0.1", "--port", str(self.port), "--keys-file", str(keys_file),
+                "--segment-bytes-max", str(self.segment_bytes)]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOGHUB_")}
         log_file = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it)
         self.proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env)

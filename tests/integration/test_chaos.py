@@ -2,11 +2,11 @@
 
 The run (tests/chaos/driver.py) starts a real `loghub serve` on a small tmpfs, a producer,
 two ordered consumer groups of worker processes (one coordinated by the server, one by
-leases in a real PostgreSQL), and injects, for about half a minute, the faults today's code
-survives: SIGKILL and restart of the server, SIGSTOP/SIGCONT of the server and of a
-consumer past the group timeout, SIGKILL of consumers, split, merge, PostgreSQL backends
-terminated, a full disk.
-The long run (`make chaos`) adds a flipped byte in a closed segment and a Spark stream.
+leases in a real PostgreSQL), and injects, for about half a minute, the faults the server
+survives: SIGKILL and restart of the server, a flipped byte in a closed segment, SIGSTOP and
+SIGCONT of the server and of a consumer past the group timeout, SIGKILL of consumers,
+split, merge, PostgreSQL backends terminated, a full disk.
+The long run (`make chaos`) adds a Spark stream and SIGKILLs it.
 """
 
 from __future__ import annotations

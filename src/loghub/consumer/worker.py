@@ -293,7 +293,9 @@ def run_until_signal(worker: ConsumerWorker, *, parent_pid: int | None = None) -
         worker.start()
         while worker.is_alive():
             received = signal.sigtimedwait(stop_signals, _signal_poll_s)
-            if received is not None:
+            # After SIGSTOP/SIGCONT, CPython 3.11's sigtimedwait may return a result whose
+            # si_signo is no signal we wait for: only SIGTERM or SIGINT stops the worker.
+            if received is not None and received.si_signo in stop_signals:
                 logger.info("%s: signal %d, stopping", worker.config.worker_name, received.si_signo)
                 break
             if parent_pid is not None and os.getppid() != parent_pid:
