@@ -39,8 +39,8 @@ PROJECT = "chaos"
 
 class ChaosServer(ServerProcess):
     """`loghub serve --segment-bytes-max` (small segments) as a child process; restarts keep
-    the port, so clients and consumers find it again. Worker processes it leaves behind after a SIGKILL
-    are counted and stopped by PID."""
+    the port, so clients and consumers find it again. Worker processes it leaves behind after
+    a SIGKILL are counted and stopped by PID."""
 
     def __init__(self, data_dir: Path, segment_bytes: int) -> None:
         super().__init__(data_dir, keys=dict([ACCESS_KEY]))
