@@ -37,7 +37,7 @@ from loghub.server.validation import BodyChecker
 from loghub.storage import ReadBatch, ShardLog, ShardStore, StorageConfig
 from loghub.wire.compression import compress
 from loghub.wire.cursor import decode_cursor, encode_cursor
-from loghub.wire.logs import frame_log_group
+from loghub.wire.logs import PULL_BYTES_MAX_PARAM, frame_log_group
 
 __all__ = ["LogHubService", "PullResult"]
 
@@ -55,6 +55,7 @@ class PullResult:
     raw_size: int
     count: int
     next_cursor: str
+    bytes_max: int = 0  # the raw-byte limit applied
 
 
 class LogHubService:
@@ -273,17 +274,23 @@ class LogHubService:
         count: int,
         end_cursor: str | None,
         accept_compress: str,
+        bytes_max: int | None = None,
     ) -> PullResult:
-        """Reads stored groups and compresses the reply. Blocking: call from a storage thread."""
+        """Reads stored groups and compresses the reply. Blocking: call from a storage thread.
+        ``bytes_max`` (LogHub's own, optional) lowers the reply's raw-byte limit below
+        ``Limits.pull_bytes_max``; the first group is returned whatever its size."""
         limits = self.config.limits
         if not 1 <= count <= limits.pull_groups_max:
             raise ParameterInvalid(f"count must be 1..{limits.pull_groups_max}, not {count}")
+        if bytes_max is not None and bytes_max < 1:
+            raise ParameterInvalid(f"{PULL_BYTES_MAX_PARAM} must be positive, not {bytes_max}")
+        bytes_max = min(limits.pull_bytes_max, bytes_max or limits.pull_bytes_max)
         shard_log = self.shard_log(project, logstore, shard_id)
         start = decode_cursor(cursor)
         end = None if end_cursor is None else decode_cursor(end_cursor)
         if end is not None and end < start:
             raise InvalidCursor(f"end_cursor {end_cursor} is before cursor {cursor}")
-        batch: ReadBatch = shard_log.read(start, count, limits.pull_bytes_max, end)
+        batch: ReadBatch = shard_log.read(start, count, bytes_max, end)
         self.metrics.pull_groups.inc(batch.count)
         self.metrics.pull_bytes.inc(len(batch.data))
         body = compress(accept_compress, batch.data) if batch.data else b""
@@ -293,6 +300,7 @@ class LogHubService:
             raw_size=len(batch.data),
             count=batch.count,
             next_cursor=encode_cursor(batch.next_seq),
+            bytes_max=bytes_max,
         )
 
     def apply_retention(self) -> int:
