@@ -11,14 +11,17 @@ for ``--seconds``. The figure is the worker process's peak RSS (``VmHWM`` from
 no such budget), and ours idle (the same worker starting at the end: interpreter, libraries,
 threads; the overhead the budget does not cover).
 
-``--quick`` is a small run (4 and 16 shards, 8 MiB, a 100 MB backlog, 8 s each). ``--fast``
-measures throughput instead: a processor that only counts logs reads the whole 4-shard
-backlog with the default budget, ``--repeat`` times (a new consumer group each time); logs/s
-from the worker's start to its last log.
+With ``--processes N`` each budget is also run through ``loghub consume --processes N`` (a
+supervisor and N worker processes, the same slow processor), and the sum of the peak RSS of
+all N + 1 processes is printed. ``--quick`` is a small run (4 and 16 shards, 8 MiB, a
+100 MB backlog, 8 s each). ``--fast`` measures throughput instead: a processor that only
+counts logs reads the whole 4-shard backlog with the default budget, ``--repeat`` times (a
+new consumer group each time); logs/s from the worker's start to its last log.
 
     python benchmarks/consumer_memory.py [--quick] [--fast] [--shards 4,16,64]
                                          [--budgets-mib 8,64,256] [--backlog-mb 800]
                                          [--seconds 20] [--sleep-ms 1000] [--no-sdk]
+                                         [--processes N]
 
 Prints figures; asserts nothing about them. Each worker process is started, and killed, by
 PID; the server child is stopped by PID and its data removed.
@@ -170,6 +173,74 @@ def run_child(
     return dict(json.loads(lines[-1]))
 
 
+class SlowProcessor:
+    """For ``loghub consume --processor consumer_memory:SlowProcessor`` (``--processes``):
+    sleeps 1 s per batch. Built on first use so that importing this module stays light."""
+
+    def __new__(cls) -> Any:
+        from loghub.consumer import ConsumerProcessor
+
+        class Slow(ConsumerProcessor):
+            def process(self, log_groups: Sequence[Any], checkpointer: Any) -> str | None:
+                time.sleep(1.0)
+                checkpointer.save()
+                return None
+
+        return Slow()
+
+
+def _peak_rss_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _children_of(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            return [int(p) for p in children.read().split()]
+    except OSError:
+        return []
+
+
+def run_supervised(
+    endpoint: str, group: str, processes: int, budget: int, seconds: float
+) -> tuple[int, list[int]]:
+    """`loghub consume --processes N` with the slow processor; returns the peak RSS of the
+    supervisor and of each child (sampled every 0.2 s until the end). SIGTERM to the
+    supervisor by PID ends it; SIGKILL by PID only if it does not stop."""
+    args = [sys.executable, "-m", "loghub.consumer.cli", LOGSTORE, "--project", PROJECT,
+            "--group", group, "--name", group, "--endpoint", endpoint,
+            "--processor", "consumer_memory:SlowProcessor", "--processes", str(processes),
+            "--buffer-bytes-max", str(budget), "--heartbeat-interval-ms", "1000",
+            "--timeout-ms", "20000"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOGHUB_")}
+    paths = [str(REPO_ROOT / "src"), str(Path(__file__).resolve().parent)]
+    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    peaks: dict[int, int] = {}
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            for pid in [proc.pid, *_children_of(proc.pid)]:
+                peaks[pid] = max(peaks.get(pid, 0), _peak_rss_of(pid))
+            time.sleep(0.2)
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    supervisor = peaks.pop(proc.pid, 0)
+    return supervisor, sorted(peaks.values())
+
+
 # --- the parent ---------------------------------------------------------------------------
 
 
@@ -201,6 +272,7 @@ def main() -> None:
     parser.add_argument("--budgets-mib", default="8,64,256")
     parser.add_argument("--backlog-mb", type=float, default=800.0)
     parser.add_argument("--no-sdk", action="store_true")
+    parser.add_argument("--processes", type=int, default=1, help="also `loghub consume` with N")
     parser.add_argument("--repeat", type=int, default=3, help="--fast: runs over the backlog")
     parser.add_argument("--data-dir", default=None)
     args = parser.parse_args()
@@ -255,6 +327,17 @@ def run_shard_count(args: argparse.Namespace, shards: int) -> None:
             above_idle_mib = peak_mib - idle_mib
             print(f"| {shards} | ours | {budget_mib} | {peak_mib:,.0f} | {above_idle_mib:,.0f} "
                   f"| {above_idle_mib - budget_mib:,.0f} | {result['logs']:,} |")  # fmt: skip
+        if args.processes > 1:
+            for budget_mib in [int(b) for b in args.budgets_mib.split(",")]:
+                supervisor, children = run_supervised(
+                    endpoint, f"procs-{budget_mib}", args.processes, budget_mib * MIB,
+                    args.seconds,
+                )  # fmt: skip
+                each = " + ".join(f"{c / MIB:,.0f}" for c in children)
+                total_mib = (supervisor + sum(children)) / MIB
+                print(f"| {shards} | ours, --processes {args.processes}: supervisor "
+                      f"{supervisor / MIB:,.0f} + workers {each} | {budget_mib} each | "
+                      f"{total_mib:,.0f} | - | - | - |")  # fmt: skip
         if not args.no_sdk:
             result = run_child("sdk", endpoint, "sdk", args.seconds, **common)
             peak_mib = result["peak_rss"] / MIB
