@@ -43,6 +43,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/groups.py
 	$(PY) benchmarks/rebalance.py
 	$(PY) benchmarks/spark_source.py
+	$(PY) benchmarks/big_bodies.py
+	$(PY) benchmarks/consumer_memory.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -1,4 +1,5 @@
-"""ConsumerConfig's checks, the memory budget, and the shard-ordering rules of lease mode."""
+"""ConsumerConfig's checks and the shard-ordering rules of lease mode (the memory budget is in
+test_consumer_budget.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import pytest
 
 from loghub.client import ShardInfo
 from loghub.consumer import ConsumerConfig
-from loghub.consumer.budget import MemoryBudget
 from loghub.consumer.shards import consumable_shards, finished_shards
 from loghub.errors import ParameterInvalid
 
@@ -59,15 +59,6 @@ def test_the_logstore_signature_ignores_scheme_and_case() -> None:
     assert (
         config(endpoint="HTTP://Host:80/").logstore_sig == config(endpoint="host:80").logstore_sig
     )
-
-
-def test_the_budget_counts_bytes_until_released() -> None:
-    budget = MemoryBudget(100)
-    assert budget.may_fetch()
-    budget.add(150)
-    assert not budget.may_fetch() and budget.high_water_bytes == 150
-    budget.release(100)
-    assert budget.may_fetch() and budget.used_bytes == 50
 
 
 def shard(shard_id: int, *, parents: tuple[int, ...] = (), end: str | None = None) -> ShardInfo:

@@ -3,12 +3,13 @@ tasks run only when the test says so (so "in flight" is a state a test can look 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
-from loghub.client import PullResult, ShardInfo
+from loghub.client import PulledBody, ShardInfo
 from loghub.consumer import Checkpointer, ConsumerConfig, ConsumerProcessor, ShardState
 from loghub.consumer.budget import MemoryBudget
 from loghub.consumer.shard_consumer import (
@@ -18,6 +19,7 @@ from loghub.consumer.shard_consumer import (
     ShardCounters,
     batches_queued_max,
 )
+from loghub.consumer.sizing import batch_cost_bytes, pull_raw_bytes_target
 from loghub.errors import (
     ConsumerGroupAlreadyExist,
     IllegalTransition,
@@ -49,6 +51,8 @@ class FakeLogHub:
         self.heartbeat_ms = 0  # how long a heartbeat takes, on the fake clock
         self.groups_created: list[tuple[str, int, bool]] = []
         self.events: list[str] = []
+        self.honours_bytes = True
+        self.pull_requests: list[tuple[int, int, int | None]] = []  # (shard, count, bytes_max)
 
     def add_shard(self, shard_id: int, logs: int = 0, *, parents: tuple[int, ...] = ()) -> None:
         self.groups[shard_id] = []
@@ -75,20 +79,38 @@ class FakeLogHub:
             return encode_cursor(self.begin[shard_id])
         return encode_cursor(len(self.groups[shard_id]))
 
-    def pull_logs(
-        self, project: str, logstore: str, shard_id: int, cursor: str, count: int = 1000
-    ) -> PullResult:
+    def pull_logs_body(
+        self,
+        project: str,
+        logstore: str,
+        shard_id: int,
+        cursor: str,
+        count: int = 1000,
+        *,
+        bytes_max: int | None = None,
+    ) -> PulledBody:
+        """As LogHub answers (the byte bound honoured), or, with ``honours_bytes`` False, as
+        the hosted service does (the bound ignored); bodies go uncompressed."""
         self.pulls.append((shard_id, cursor))
+        self.pull_requests.append((shard_id, count, bytes_max))
         position = decode_cursor(cursor)
         groups = self.groups[shard_id]
         if not self.begin[shard_id] <= position <= len(groups):
             raise InvalidCursor(f"cursor {cursor} out of range")
-        chosen = groups[position : position + count]
+        applied = bytes_max if self.honours_bytes else None
         group_list = LogGroupList()
-        group_list.LogGroups.extend(chosen)
-        return PullResult(
-            group_list, encode_cursor(position + len(chosen)), len(chosen), group_list.ByteSize()
-        )
+        for group in groups[position : position + count]:
+            size = group.ByteSize() + 2  # as framed in the list
+            if (
+                applied is not None
+                and group_list.LogGroups
+                and (group_list.ByteSize() + size > applied)
+            ):
+                break
+            group_list.LogGroups.append(group)
+        body = group_list.SerializeToString()
+        taken = len(group_list.LogGroups)
+        return PulledBody(body, None, encode_cursor(position + taken), taken, len(body), applied)
 
     def list_shards(self, project: str, logstore: str) -> list[ShardInfo]:
         return [self.shard_infos[s] for s in sorted(self.shard_infos)]
@@ -239,6 +261,9 @@ class Harness:
             wake=lambda: None,
             counters=ShardCounters(),
         )
+        # a worker that knows its server honours the byte bound (LogHub): pulls take
+        # ``count`` groups from the first; tests of the other case clear this
+        self.context.pull_bytes_honoured.set()
         self.consumer = ShardConsumer(0, self.context)
 
     def settle(self, rounds: int = 100) -> None:
@@ -446,26 +471,86 @@ def test_a_rollback_moves_the_checkpoint_back_to_where_the_shard_resumes() -> No
 # -- fetching, memory and the assignment -------------------------------------------------------
 
 
-def test_pulls_stop_at_the_memory_cap_and_resume_as_batches_are_processed() -> None:
-    one_group_bytes = make_log_group([(1, {"n": "0"})]).ByteSize() + 2
-    h = Harness(logs=40, count=4, budget_bytes=2 * one_group_bytes)
+def test_a_pull_starts_only_once_its_expected_cost_is_reserved() -> None:
+    h = Harness(logs=40, count=4, budget_bytes=64 * 1024)
+    h.consumer.step(0)
+    h.tasks.run()  # initialised
+    assert h.budget.try_reserve(99, 60 * 1024), "another shard holds most of the budget"
+    h.consumer.step(0)
+    kinds = [getattr(t, "func", t).__name__ for t in h.tasks.queue]
+    assert kinds == [] and h.hub.pulls == [], "no pull while its reservation does not fit"
+    assert h.budget.waiting == (0,)
+    h.budget.release(60 * 1024)
+    h.settle()
+    assert h.processor.seen() == list(range(40))
+    assert h.budget.used_bytes == 0 and h.budget.waiting == ()
+    assert h.budget.high_water_bytes <= h.budget.bytes_max
+
+
+def test_a_batch_is_charged_its_decoded_cost_until_processed() -> None:
+    h = Harness(logs=40, count=4)
     h.consumer.step(0)
     h.tasks.run()  # initialised
     h.consumer.step(0)
-    h.tasks.run()  # one pull: 4 groups, over the cap
-    assert h.budget.used_bytes >= h.budget.bytes_max
-    h.consumer.step(0)
-    pulls = len(h.hub.pulls)
-    kinds = [getattr(t, "func", t).__name__ for t in h.tasks.queue]
-    assert kinds == ["_process"], "no pull while over the cap"
-    h.tasks.run()
+    h.tasks.run()  # one pull of 4 groups, queued
+    (batch,) = h.consumer._progress.queue
+    assert batch.cost_bytes == batch_cost_bytes(len(batch.pulled.body), batch.pulled.raw_size)
+    assert h.budget.used_bytes == batch.cost_bytes > 4 * batch.pulled.raw_size
+    h.assignment.consumable = False
+    h.settle()
+    assert h.budget.used_bytes > 0, "queued batches stay charged"
+    h.assignment.consumable = True
+    h.advance(100)
+    h.consumer.request_stop()
+    h.settle()
     assert h.budget.used_bytes == 0
-    h.advance(0)
-    assert len(h.hub.pulls) > pulls
+
+
+def test_pulls_ask_a_loghub_server_for_the_shards_share_in_bytes() -> None:
+    one_group_bytes = make_log_group([(1, {"n": "0"})]).ByteSize() + 2
+    budget_bytes = 3 * batch_cost_bytes(5 * one_group_bytes, 5 * one_group_bytes) + 3
+    h = Harness(logs=40, count=1000, budget_bytes=budget_bytes)
     h.settle()
     assert h.processor.seen() == list(range(40))
-    # one pull may overshoot the cap by at most its own size
-    assert h.budget.high_water_bytes <= h.budget.bytes_max + 4 * one_group_bytes
+    _shard, count, bytes_max = h.hub.pull_requests[0]
+    assert count == 1000 and bytes_max == pull_raw_bytes_target(budget_bytes, 3)
+    assert max(len(batch) for batch in h.processor.batches) == 5, "sized by bytes, not count"
+    assert h.budget.high_water_bytes <= budget_bytes
+
+
+def test_against_a_server_without_the_byte_bound_the_count_adapts_to_group_sizes() -> None:
+    one_group_bytes = make_log_group([(1, {"n": "0"})]).ByteSize() + 2
+    budget_bytes = 3 * batch_cost_bytes(5 * one_group_bytes, 5 * one_group_bytes) + 3
+    h = Harness(logs=40, count=1000, budget_bytes=budget_bytes)
+    h.hub.honours_bytes = False  # the hosted service ignores loghub_max_bytes
+    h.context.pull_bytes_honoured.clear()
+    h.settle()
+    assert h.processor.seen() == list(range(40))
+    counts = [count for _shard, count, _bytes in h.hub.pull_requests]
+    assert counts[0] == 1, "the group size is not known yet: one group"
+    assert set(counts[1:-1]) <= {4, 5}, counts  # "n" grows by a digit at 10
+    assert not h.context.pull_bytes_honoured.is_set()
+    assert h.budget.high_water_bytes <= budget_bytes
+
+
+def test_a_body_that_does_not_decode_is_pulled_again_not_skipped() -> None:
+    h = Harness(logs=6, count=3)
+    original = h.hub.pull_logs_body
+    broken = [True]
+
+    def pull(*args: Any, **kwargs: Any) -> PulledBody:
+        pulled = original(*args, **kwargs)
+        if broken and pulled.count:
+            broken.clear()
+            return dataclasses.replace(pulled, body=b"\xff" * len(pulled.body))
+        return pulled
+
+    h.hub.pull_logs_body = pull  # type: ignore[method-assign]
+    h.settle()
+    assert h.context.counters.fetch_errors == 1 and h.processor.seen() == []
+    h.advance(1_000)
+    assert h.processor.seen() == [0, 1, 2, 3, 4, 5]
+    assert h.budget.used_bytes == 0
 
 
 def test_at_most_a_few_batches_are_pulled_ahead() -> None:
@@ -517,11 +602,11 @@ def test_a_failed_pull_is_retried_after_a_backoff() -> None:
     h = Harness(logs=3)
     h.settle()
     h.hub.write(0, 2)
-    original = h.hub.pull_logs
-    h.hub.pull_logs = lambda *a, **k: (_ for _ in ()).throw(TransportError("down"))  # type: ignore[method-assign]
+    original = h.hub.pull_logs_body
+    h.hub.pull_logs_body = lambda *a, **k: (_ for _ in ()).throw(TransportError("down"))  # type: ignore[method-assign]
     h.advance(500)
     assert h.context.counters.fetch_errors == 1
-    h.hub.pull_logs = original  # type: ignore[method-assign]
+    h.hub.pull_logs_body = original  # type: ignore[method-assign]
     h.advance(999)
     assert h.processor.seen() == [0, 1, 2]
     h.advance(1)

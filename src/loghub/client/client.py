@@ -34,11 +34,11 @@ from loghub._clock import Clock, SystemClock
 from loghub.errors import ParameterInvalid, TransportError
 from loghub.wire.compression import compress, decompress
 from loghub.wire.errors import error_from_body
-from loghub.wire.logs import parse_log_group_list
+from loghub.wire.logs import PULL_BYTES_MAX_HEADER, PULL_BYTES_MAX_PARAM, parse_log_group_list
 from loghub.wire.proto import LogGroup, LogGroupList
 from loghub.wire.signing import Credentials, sign_v1, sign_v4
 
-__all__ = ["LogHubClient", "PullResult", "RawPullResult", "ShardInfo"]
+__all__ = ["LogHubClient", "PullResult", "PulledBody", "RawPullResult", "ShardInfo"]
 
 API_VERSION = "0.6.0"
 CA_CERT_ENV = "LOGHUB_CA_CERT"
@@ -82,11 +82,36 @@ class ShardInfo:
 
 
 @dataclass(frozen=True)
+class PulledBody:
+    """One pull's reply as it came over the wire, still compressed: the cheapest form to keep
+    while it waits (lz4 makes logs several times smaller than their decoded messages), for
+    callers that decompress and parse only when the groups are needed (the consumer)."""
+
+    body: bytes
+    compress_type: str | None
+    next_cursor: str
+    count: int
+    raw_size: int  # the serialized LogGroupList's size
+    bytes_max: int | None  # the raw-byte bound the server applied; None: it applied none
+
+    def decompress(self) -> bytes:
+        """The serialized ``LogGroupList``."""
+        if not self.raw_size:
+            return b""
+        limit = max(self.raw_size, _PULL_RAW_BYTES_MAX)
+        return decompress(self.compress_type, self.body, self.raw_size, limit)
+
+    def parse(self) -> LogGroupList:
+        return parse_log_group_list(self.decompress())
+
+
+@dataclass(frozen=True)
 class RawPullResult:
     data: bytes  # the serialized LogGroupList, decompressed
     next_cursor: str
     count: int
     raw_size: int
+    bytes_max: int | None = None  # as in PulledBody
 
 
 @dataclass(frozen=True)
@@ -95,6 +120,7 @@ class PullResult:
     next_cursor: str
     count: int
     raw_size: int
+    bytes_max: int | None = None  # as in PulledBody
 
     @property
     def log_groups(self) -> Sequence[LogGroup]:
@@ -427,6 +453,42 @@ class LogHubClient:
         )
         return int(reply["cursor_time"])
 
+    def pull_logs_body(
+        self,
+        project: str,
+        logstore: str,
+        shard_id: int,
+        cursor: str,
+        count: int = 1000,
+        end_cursor: str | None = None,
+        compress_type: str = "lz4",
+        bytes_max: int | None = None,
+    ) -> PulledBody:
+        """One pull, its reply left compressed. ``bytes_max`` asks a LogHub server for at most
+        that many raw bytes (or the first group, whatever its size); other servers ignore
+        it, which ``PulledBody.bytes_max`` (None) tells."""
+        query = [("type", "log"), ("cursor", cursor), ("count", str(count))]
+        if end_cursor is not None:
+            query.append(("end_cursor", end_cursor))
+        if bytes_max is not None:
+            query.append((PULL_BYTES_MAX_PARAM, str(bytes_max)))
+        response = self._request(
+            "GET",
+            project,
+            f"/logstores/{logstore}/shards/{shard_id}",
+            query,
+            headers={"accept": "application/x-protobuf", "accept-encoding": compress_type},
+        )
+        applied = response.headers.get(PULL_BYTES_MAX_HEADER)
+        return PulledBody(
+            body=response.content,
+            compress_type=response.headers.get("x-log-compresstype"),
+            next_cursor=response.headers.get("x-log-cursor") or cursor,
+            count=int(response.headers.get("x-log-count", "0")),
+            raw_size=int(response.headers.get("x-log-bodyrawsize", "0")),
+            bytes_max=int(applied) if applied and applied.isdigit() else None,
+        )
+
     def pull_logs_raw(
         self,
         project: str,
@@ -436,33 +498,19 @@ class LogHubClient:
         count: int = 1000,
         end_cursor: str | None = None,
         compress_type: str = "lz4",
+        bytes_max: int | None = None,
     ) -> RawPullResult:
         """One pull, its groups left as the serialized (decompressed) ``LogGroupList``, for
         callers that decode it their own way (the Spark source)."""
-        query = [("type", "log"), ("cursor", cursor), ("count", str(count))]
-        if end_cursor is not None:
-            query.append(("end_cursor", end_cursor))
-        response = self._request(
-            "GET",
-            project,
-            f"/logstores/{logstore}/shards/{shard_id}",
-            query,
-            headers={"accept": "application/x-protobuf", "accept-encoding": compress_type},
+        pulled = self.pull_logs_body(
+            project, logstore, shard_id, cursor, count, end_cursor, compress_type, bytes_max
         )
-        raw_size = int(response.headers.get("x-log-bodyrawsize", "0"))
-        raw = b""
-        if raw_size:
-            raw = decompress(
-                response.headers.get("x-log-compresstype"),
-                response.content,
-                raw_size,
-                max(raw_size, _PULL_RAW_BYTES_MAX),
-            )
         return RawPullResult(
-            data=raw,
-            next_cursor=response.headers.get("x-log-cursor") or cursor,
-            count=int(response.headers.get("x-log-count", "0")),
-            raw_size=raw_size,
+            data=pulled.decompress(),
+            next_cursor=pulled.next_cursor,
+            count=pulled.count,
+            raw_size=pulled.raw_size,
+            bytes_max=pulled.bytes_max,
         )
 
     def pull_logs(
@@ -474,15 +522,17 @@ class LogHubClient:
         count: int = 1000,
         end_cursor: str | None = None,
         compress_type: str = "lz4",
+        bytes_max: int | None = None,
     ) -> PullResult:
         raw = self.pull_logs_raw(
-            project, logstore, shard_id, cursor, count, end_cursor, compress_type
+            project, logstore, shard_id, cursor, count, end_cursor, compress_type, bytes_max
         )
         return PullResult(
             log_group_list=parse_log_group_list(raw.data),
             next_cursor=raw.next_cursor,
             count=raw.count,
             raw_size=raw.raw_size,
+            bytes_max=raw.bytes_max,
         )
 
     def iter_pull(

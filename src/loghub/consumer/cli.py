@@ -174,7 +174,7 @@ def consume(
         int, typer.Option(help="background flush of in-memory checkpoints")
     ] = _defaults.checkpoint_interval_ms,
     buffer_bytes_max: Annotated[
-        int, typer.Option(help="fetched-but-unprocessed bytes per worker")
+        int, typer.Option(help="memory for pulled, unprocessed batches, per worker process")
     ] = buffer_bytes_max_default,
     pool_threads: Annotated[
         int, typer.Option(help="threads running the shards' pulls and processors")

@@ -15,8 +15,13 @@ Every step runs as a task on the worker's bounded thread pool; ``step()``, calle
 worker's loop, decides which tasks to submit. Per shard at most one *main* task runs at a
 time (initialise, process, shut down, final flush), so ``process`` never runs concurrently
 with itself and ``shutdown`` never overlaps it. Beside it, one pull (prefetch, up to
-``batches_queued_max`` batches ahead, within the worker's ``MemoryBudget``) and one
-background checkpoint flush may run.
+``batches_queued_max`` batches ahead) and one background checkpoint flush may run.
+
+Memory: a pull starts only once the worker's ``MemoryBudget`` has granted what it is
+expected to cost (``loghub.consumer.sizing``); the batch keeps that charge, settled to its
+real cost when it arrives, until ``process`` returns or the batch is dropped. A batch waits
+in the queue as the compressed reply body and is decompressed and parsed only when its turn
+to be processed comes, on the pool thread that processes it.
 
 What happens when things fail:
 
@@ -26,8 +31,9 @@ What happens when things fail:
   error is reported and the next batch follows.
 - ``process`` returns a cursor: a rollback. Batches fetched after it are dropped, the next
   pull starts there, and the in-memory checkpoint moves there too.
-- A pull fails: retried after ``fetch_error_backoff_ms``. ``InvalidCursor`` (the checkpoint
-  fell behind retention) restarts from the oldest data kept, with a warning.
+- A pull fails, or its body cannot be parsed: retried after ``fetch_error_backoff_ms``.
+  ``InvalidCursor`` (the checkpoint fell behind retention) restarts from the oldest data
+  kept, with a warning.
 - The assignment says the shard may not be consumed now (``may_consume``): the batch waits.
 - The final checkpoint cannot be written: retried ``final_flush_attempts`` times, unless the
   shard has moved to another worker already (``LeaseLostError``), which resumes from the last
@@ -54,12 +60,18 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from loghub._clock import Clock
-from loghub.client import LogHubClient
+from loghub.client import LogHubClient, PulledBody
 from loghub.consumer.assignment import Assignment
 from loghub.consumer.budget import MemoryBudget
 from loghub.consumer.checkpoint import Checkpointer, CheckpointListener, CheckpointTracker
 from loghub.consumer.config import ConsumerConfig
 from loghub.consumer.processor import ConsumerProcessor, ProcessorFactory
+from loghub.consumer.sizing import (
+    GroupSizeEstimate,
+    batch_cost_bytes,
+    pull_count,
+    pull_raw_bytes_target,
+)
 from loghub.errors import IllegalTransition, InvalidCursor, LeaseLostError, LogHubError
 from loghub.wire.proto import LogGroup
 
@@ -141,15 +153,32 @@ class ShardContext:
     wake: Callable[[], None]  # something changed: run the worker's loop now
     listener: CheckpointListener | None = None
     counters: ShardCounters = field(default_factory=ShardCounters)
+    # Set while the server's replies show that it honours the pull byte bound (LogHub does;
+    # the hosted service does not): pulls are then sized by bytes alone.
+    pull_bytes_honoured: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)
 class _Batch:
-    log_groups: Sequence[LogGroup]
+    pulled: PulledBody  # still compressed: decoded only when processed
     cursor: str
     next_cursor: str
-    raw_size: int
+    cost_bytes: int  # charged to the budget until processed or dropped
     count: int
+
+
+@dataclass(frozen=True)
+class _Unreadable:
+    """A pulled body that did not decompress or parse: pulled again, never skipped."""
+
+    error: LogHubError
+
+
+@dataclass(frozen=True)
+class _PullPlan:
+    count: int
+    raw_bytes_max: int
+    reserved_bytes: int
 
 
 @dataclass
@@ -186,6 +215,7 @@ class ShardConsumer:
         self._final_flushed = False
         self._tracker: CheckpointTracker | None = None
         self._checkpointer: Checkpointer | None = None
+        self._group_size = GroupSizeEstimate()
 
     # -- the worker's loop ---------------------------------------------------------------------
 
@@ -242,6 +272,7 @@ class ShardConsumer:
 
     def _begin_stopping(self) -> None:
         self.transition_to(ShardState.STOPPING)
+        self._ctx.budget.leave(self.shard_id)
         self._progress.retry_at_ms = 0  # a pending retry's backoff must not delay the stop
 
     def _plan_initializing(self, now_ms: int) -> list[Callable[[], None]]:
@@ -265,15 +296,19 @@ class ShardConsumer:
             self._begin_stopping()
             return self._plan_stopping(now_ms)
         tasks: list[Callable[[], None]] = []
+        budget = self._ctx.budget
         if (
             not self._fetching
             and not at_end
             and len(progress.queue) < batches_queued_max
             and now_ms >= progress.next_fetch_ms
-            and self._ctx.budget.may_fetch()
         ):
-            self._fetching = True
-            tasks.append(partial(self._fetch, progress.cursor, progress.generation))
+            plan = self._plan_pull()
+            if budget.try_reserve(self.shard_id, plan.reserved_bytes):
+                self._fetching = True
+                tasks.append(partial(self._fetch, progress.cursor, progress.generation, plan))
+        else:
+            budget.withdraw(self.shard_id)  # no pull wanted now: do not hold up the others
         if not self._busy and progress.queue and now_ms >= progress.retry_at_ms:
             if self._ctx.assignment.may_consume(self.shard_id):
                 self._busy = True
@@ -285,6 +320,21 @@ class ShardConsumer:
             self._flushing = True
             tasks.append(self._background_flush)
         return tasks
+
+    def _plan_pull(self) -> _PullPlan:
+        """The next pull's size and what to reserve for it (see ``sizing``)."""
+        ctx = self._ctx
+        raw_target = pull_raw_bytes_target(ctx.budget.share_bytes(), batches_queued_max + 1)
+        count_max = ctx.config.fetch_log_groups_max
+        if ctx.pull_bytes_honoured.is_set():
+            count = count_max
+            expected_raw = self._group_size.expected_raw_bytes(raw_target)
+        else:
+            group_bytes = self._group_size.group_bytes
+            count = pull_count(raw_target, group_bytes, count_max)
+            expected_raw = raw_target if group_bytes is None else int(count * group_bytes) + 1
+        # the wire body is at most the raw size: reserve for an uncompressed reply
+        return _PullPlan(count, raw_target, batch_cost_bytes(expected_raw, expected_raw))
 
     def _plan_stopping(self, now_ms: int) -> list[Callable[[], None]]:
         if self._busy:
@@ -322,7 +372,7 @@ class ShardConsumer:
     def _drop_queue(self) -> None:
         queue = self._progress.queue
         while queue:
-            self._ctx.budget.release(queue.popleft().raw_size)
+            self._ctx.budget.release(queue.popleft().cost_bytes)
 
     def _restart_from(self, cursor: str) -> None:
         """Forget what was pulled ahead; the next pull starts at ``cursor``."""
@@ -368,39 +418,51 @@ class ShardConsumer:
             self._progress.cursor = self._progress.last_processed = start
             self._busy = False
             self.transition_to(ShardState.PROCESSING)
+            ctx.budget.join(self.shard_id)
         logger.info("shard %d: consuming from %s", self.shard_id, start)
         ctx.wake()
 
-    def _fetch(self, cursor: str, generation: int) -> None:
+    def _fetch(self, cursor: str, generation: int, plan: _PullPlan) -> None:
         ctx = self._ctx
         config = ctx.config
         try:
-            result = ctx.client.pull_logs(
-                config.project, config.logstore, self.shard_id, cursor, config.fetch_log_groups_max
+            pulled = ctx.client.pull_logs_body(
+                config.project,
+                config.logstore,
+                self.shard_id,
+                cursor,
+                plan.count,
+                bytes_max=plan.raw_bytes_max,
             )
         except InvalidCursor:
+            ctx.budget.release(plan.reserved_bytes)
             self._fetch_failed(generation, behind_retention=True)
             return
         except LogHubError as exc:
+            ctx.budget.release(plan.reserved_bytes)
             logger.info("shard %d: pull failed, retrying: %s", self.shard_id, exc)
             self._fetch_failed(generation, behind_retention=False)
             return
+        if pulled.bytes_max is None:
+            ctx.pull_bytes_honoured.clear()
+        else:
+            ctx.pull_bytes_honoured.set()
         with self._lock:
             self._fetching = False
             progress = self._progress
-            if self._state is ShardState.PROCESSING and generation == progress.generation:
-                if result.count:
-                    ctx.budget.add(result.raw_size)
-                    batch = _Batch(
-                        result.log_groups,
-                        cursor,
-                        result.next_cursor,
-                        result.raw_size,
-                        result.count,
-                    )
+            kept = self._state is ShardState.PROCESSING and generation == progress.generation
+            cost = batch_cost_bytes(len(pulled.body), pulled.raw_size)
+            ctx.budget.settle(plan.reserved_bytes, cost if kept and pulled.count else 0)
+            if kept:
+                self._group_size.add(pulled.raw_size, pulled.count)
+                if pulled.count:
+                    batch = _Batch(pulled, cursor, pulled.next_cursor, cost, pulled.count)
                     progress.queue.append(batch)
-                progress.cursor = result.next_cursor
-                full = result.count >= config.fetch_log_groups_max
+                progress.cursor = pulled.next_cursor
+                # more is waiting when the pull stopped at its count or near its byte bound
+                full = pulled.count >= plan.count or (
+                    pulled.bytes_max is not None and 2 * pulled.raw_size >= pulled.bytes_max
+                )
                 pause_ms = 0 if full else config.fetch_interval_ms
                 progress.next_fetch_ms = ctx.clock.monotonic_ms() + pause_ms
         ctx.wake()
@@ -433,37 +495,58 @@ class ShardConsumer:
 
     def _process(self, batch: _Batch, generation: int) -> None:
         ctx = self._ctx
-        processor, checkpointer = self._processor, self._checkpointer
-        assert processor is not None and checkpointer is not None
-        checkpointer._set_batch(batch.cursor, batch.next_cursor)
-        error: Exception | None = None
-        rollback: str | None = None
         try:
-            rollback = processor.process(batch.log_groups, checkpointer)
-        except Exception as exc:  # the processor's code: reported, then retried or skipped
-            error = exc
+            outcome = self._run_processor(batch)
         finally:
-            ctx.budget.release(batch.raw_size)
+            # the decoded groups went with _run_processor's frame: only now is the memory free
+            ctx.budget.release(batch.cost_bytes)
         with self._lock:
             self._busy = False
             progress = self._progress
-            if error is not None:
+            if isinstance(outcome, _Unreadable):
+                ctx.counters.add(fetch_errors=1)
+            elif isinstance(outcome, Exception):
                 ctx.counters.add(process_errors=1)
             if generation != progress.generation:
                 pass  # the shard restarted elsewhere meanwhile (retention); nothing to add
-            elif error is not None:
-                self._on_process_error(batch, error)
-            elif rollback:
-                logger.info("shard %d: processor rolled back to %s", self.shard_id, rollback)
-                self._restart_from(rollback)
+            elif isinstance(outcome, _Unreadable):
+                logger.warning(
+                    "shard %d: batch %s unreadable, pulling it again: %s",
+                    self.shard_id,
+                    batch.cursor,
+                    outcome.error,
+                )
+                self._restart_from(batch.cursor)
+                progress.next_fetch_ms = ctx.clock.monotonic_ms() + fetch_error_backoff_ms
+            elif isinstance(outcome, Exception):
+                self._on_process_error(batch, outcome)
+            elif outcome:
+                logger.info("shard %d: processor rolled back to %s", self.shard_id, outcome)
+                self._restart_from(outcome)
                 assert self._tracker is not None
-                self._tracker.mark(rollback)
+                self._tracker.mark(outcome)
                 progress.next_fetch_ms = ctx.clock.monotonic_ms()
             else:
                 progress.last_processed = batch.next_cursor
                 progress.failures = 0
-            ctx.counters.add(batches=1, log_groups=batch.count)
+            if not isinstance(outcome, _Unreadable):
+                ctx.counters.add(batches=1, log_groups=batch.count)
         ctx.wake()
+
+    def _run_processor(self, batch: _Batch) -> str | None | Exception | _Unreadable:
+        """Decode the batch and hand it to the processor: its rollback cursor, or what went
+        wrong (the processor's exception, or a body that does not decode)."""
+        processor, checkpointer = self._processor, self._checkpointer
+        assert processor is not None and checkpointer is not None
+        try:
+            log_groups: Sequence[LogGroup] = batch.pulled.parse().LogGroups
+        except LogHubError as exc:
+            return _Unreadable(exc)
+        checkpointer._set_batch(batch.cursor, batch.next_cursor)
+        try:
+            return processor.process(log_groups, checkpointer)
+        except Exception as exc:  # the processor's code: reported, then retried or skipped
+            return exc
 
     def _on_process_error(self, batch: _Batch, error: Exception) -> None:
         """Caller holds the lock."""

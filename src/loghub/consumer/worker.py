@@ -77,7 +77,7 @@ class WorkerStatistics:
     log_groups: int
     process_errors: int
     fetch_errors: int
-    buffered_bytes: int  # fetched, not yet processed
+    buffered_bytes: int  # charged to the memory budget: reserved, pulled, not yet processed
     buffered_bytes_high_water: int
 
 

@@ -64,6 +64,7 @@ from loghub.server.metrics import api_label
 from loghub.server.service import LogHubService, parse_shard_id
 from loghub.wire.compression import choose_response_compression
 from loghub.wire.errors import error_body
+from loghub.wire.logs import PULL_BYTES_MAX_HEADER, PULL_BYTES_MAX_PARAM
 from loghub.wire.signing import header_map
 from loghub.wire.values import loads_json, parse_decimal
 
@@ -653,6 +654,11 @@ class LogHubApp:
 
     async def _pull_logs(self, call: _Call, project: str, logstore: str, shard_id: int) -> Response:
         count = _int_param(call, "count", 1000)
+        # LogHub's own bound on the reply's raw bytes (the hosted service has none); the
+        # reply echoes the bound applied, so a client knows the server honoured it.
+        bytes_max = None
+        if call.optional(PULL_BYTES_MAX_PARAM) is not None:
+            bytes_max = _int_param(call, PULL_BYTES_MAX_PARAM)
         accept = choose_response_compression(call.headers.get("accept-encoding"))
         result = await self._blocking(
             self.service.pull_logs,
@@ -663,6 +669,7 @@ class LogHubApp:
             count,
             call.optional("end_cursor"),
             accept,
+            bytes_max,
         )
         headers = {
             "x-log-cursor": result.next_cursor,
@@ -670,6 +677,8 @@ class LogHubApp:
             "x-log-bodyrawsize": str(result.raw_size),
             "x-log-requestid": call.request_id,
         }
+        if bytes_max is not None:
+            headers[PULL_BYTES_MAX_HEADER] = str(result.bytes_max)
         if result.compress_type:
             headers["x-log-compresstype"] = result.compress_type
         return Response(result.body, media_type=_PROTOBUF, headers=headers)

@@ -47,7 +47,7 @@ from loghub.storage import (
 )
 from loghub.wire.compression import compress
 from loghub.wire.cursor import decode_cursor, encode_cursor
-from loghub.wire.logs import frame_log_group
+from loghub.wire.logs import PULL_BYTES_MAX_PARAM, frame_log_group
 from loghub.wire.values import json_int, parse_decimal
 
 __all__ = ["LogHubService", "PullResult"]
@@ -68,6 +68,7 @@ class PullResult:
     raw_size: int
     count: int
     next_cursor: str
+    bytes_max: int = 0  # the raw-byte limit applied
 
 
 class LogHubService:
@@ -310,11 +311,17 @@ class LogHubService:
         count: int,
         end_cursor: str | None,
         accept_compress: str,
+        bytes_max: int | None = None,
     ) -> PullResult:
-        """Reads stored groups and compresses the reply. Blocking: call from a storage thread."""
+        """Reads stored groups and compresses the reply. Blocking: call from a storage thread.
+        ``bytes_max`` (LogHub's own, optional) lowers the reply's raw-byte limit below
+        ``Limits.pull_bytes_max``; the first group is returned whatever its size."""
         limits = self.config.limits
         if not 1 <= count <= limits.pull_groups_max:
             raise ParameterInvalid(f"count must be 1..{limits.pull_groups_max}, not {count}")
+        if bytes_max is not None and bytes_max < 1:
+            raise ParameterInvalid(f"{PULL_BYTES_MAX_PARAM} must be positive, not {bytes_max}")
+        bytes_max = min(limits.pull_bytes_max, bytes_max or limits.pull_bytes_max)
         store = self.metadata.get_logstore(project, logstore)
         shard_log = self._open_log(store, self.metadata.get_shard(project, logstore, shard_id))
         start = decode_cursor(cursor)
@@ -324,7 +331,7 @@ class LogHubService:
         quota, quota_key = self.shard_quota(store), (project, logstore, shard_id)
         self.quotas.admit_read(quota_key, quota)
         try:
-            batch: ReadBatch = shard_log.read(start, count, limits.pull_bytes_max, end)
+            batch: ReadBatch = shard_log.read(start, count, bytes_max, end)
         except RecordsLostError as exc:
             raise _with_cursors(exc, logstore, shard_id) from exc
         self.quotas.charge_read(quota_key, quota, len(batch.data))
@@ -337,6 +344,7 @@ class LogHubService:
             raw_size=len(batch.data),
             count=batch.count,
             next_cursor=encode_cursor(batch.next_seq),
+            bytes_max=bytes_max,
         )
 
     def shard_quota(self, store: Logstore) -> ShardQuota:

@@ -12,6 +12,12 @@ Content values are proto ``string`` fields, but the SDK writes them as bytes and
 may put non-UTF-8 data there; the upb runtime accepts that and hands such a value back as
 ``bytes``, which ``log_group_to_dict`` decodes with replacement characters.
 
+A pull may carry ``loghub_max_bytes=B``, a bound of LogHub's own (the hosted service has no
+such parameter and ignores unknown ones): the reply then holds at most ``B`` raw bytes of
+groups, or its first group whatever its size, and echoes the bound it applied in the
+``x-loghub-max-bytes`` header, so a client can tell a server that honoured it from one that
+ignored it.
+
 Pure functions; thread-safe.
 """
 
@@ -26,6 +32,8 @@ from loghub.errors import PostBodyInvalid
 from loghub.wire.proto import LogGroup, LogGroupList
 
 __all__ = [
+    "PULL_BYTES_MAX_HEADER",
+    "PULL_BYTES_MAX_PARAM",
     "LogDict",
     "LogGroupDict",
     "frame_log_group",
@@ -34,6 +42,9 @@ __all__ = [
     "parse_log_group",
     "parse_log_group_list",
 ]
+
+PULL_BYTES_MAX_PARAM = "loghub_max_bytes"
+PULL_BYTES_MAX_HEADER = "x-loghub-max-bytes"
 
 _LOG_GROUP_LIST_ENTRY_TAG = b"\x0a"  # field 1 (LogGroups), wire type 2 (length-delimited)
 
