@@ -122,7 +122,7 @@ def begin_cursor(server: ServerProcess) -> str:
         return client.get_cursor(PROJECT, "badinput", 0, "begin")
 
 
-@pytest.mark.parametrize("value", ["0", "-5", "many", "1e6", ""])
+@pytest.mark.parametrize("value", ["0", "-5", "many", "1e6", "٣", "9" * 30])
 def test_a_bad_loghub_max_bytes_is_a_400_in_loghubs_error_format(
     server: ServerProcess, begin_cursor: str, value: str
 ) -> None:
