@@ -253,11 +253,13 @@ class LogHubApp:
             if protocol_error(exc).internal:
                 # the server's own fault: the details (paths, positions, SQL) are for its log
                 log.error("request %s %s: %r", scope.get("method"), scope.get("path"), exc)
+            self.service.metrics.errors.labels(protocol_error(exc).code).inc()
             response = _error(self._without_paths(exc), request_id)
         except ClientDisconnect:
             return  # cut mid-body (a timeout, or the client left): nobody to answer
         except Exception:
             log.exception("request %s %s failed", scope.get("method"), scope.get("path"))
+            self.service.metrics.errors.labels("InternalServerError").inc()
             response = _error(LogHubError("internal server error"), request_id)
         await response(scope, receive, send)
         self._count(request, response.status_code, time.perf_counter() - started)
@@ -382,7 +384,10 @@ class LogHubApp:
                     headers,
                     self.clock.wall_ms() / 1000,
                 )
-            return Response(self.service.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+            # a scrape reads every shard's statistics and every group's checkpoints: not on
+            # the event loop
+            exposition = await self._blocking(self.service.metrics.exposition)
+            return Response(exposition, media_type=METRICS_CONTENT_TYPE)
         project = project_from_host(headers.get("host", ""), self.config.base_hosts)
         call = _Call(request, request_id, headers, project)
         async with self._body_budget.room(self._body_room_bytes(request)):
