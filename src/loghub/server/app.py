@@ -58,6 +58,7 @@ from loghub.errors import (
 from loghub.server.admission import BodyBudget
 from loghub.server.auth import Authenticator, needs_write
 from loghub.server.config import ServerConfig
+from loghub.server.console import Console, is_console_path
 from loghub.server.errors import protocol_error
 from loghub.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from loghub.server.metrics import api_label
@@ -231,6 +232,7 @@ class LogHubApp:
         )
         self._background: list[asyncio.Task[None]] = []
         self._auth = Authenticator(self.config)
+        self._console = Console(self.service, self._auth, partial(self._blocking))
         data_dirs = {str(self.config.data_dir), str(self.config.data_dir.resolve())}
         self._data_dir_paths = re.compile(
             "|".join(re.escape(d) + r"[^\s\"']*" for d in sorted(data_dirs, key=len, reverse=True))
@@ -277,7 +279,7 @@ class LogHubApp:
 
     def _count(self, request: Request, status: int, elapsed_s: float) -> None:
         path: str = request.scope["path"]
-        if path in ("/health", "/metrics"):
+        if path in ("/health", "/metrics") or is_console_path(path):
             return
         raw_query: bytes = request.scope.get("query_string", b"")
         query = dict(parse_qsl(raw_query.decode("latin-1")))
@@ -388,6 +390,8 @@ class LogHubApp:
             # the event loop
             exposition = await self._blocking(self.service.metrics.exposition)
             return Response(exposition, media_type=METRICS_CONTENT_TYPE)
+        if is_console_path(scope["path"]):
+            return await self._console.handle(request, headers, request_id)
         project = project_from_host(headers.get("host", ""), self.config.base_hosts)
         call = _Call(request, request_id, headers, project)
         async with self._body_budget.room(self._body_room_bytes(request)):
