@@ -136,12 +136,12 @@ def test_a_scrape_during_traffic_shows_a_lagging_groups_lag_and_ingest_per_logst
 
     busy = {"project": "ops", "logstore": "busy"}
     lagging = {**busy, "consumer_group": "slow", "shard": "0"}
-    assert value("loghub_consumer_group_lag_log_groups", **lagging) >= 10
+    assert value("loghub_consumer_group_lag_log_groups", **lagging) >= 5
     assert value("loghub_consumer_group_lag_seconds", **lagging) >= 1.0
     never_read = {**busy, "consumer_group": "slow", "shard": "1"}
-    assert value("loghub_consumer_group_lag_log_groups", **never_read) >= 10
+    assert value("loghub_consumer_group_lag_log_groups", **never_read) >= 5
     for shard in ("0", "1"):
-        assert value("loghub_ingest_logs_total", **busy, shard=shard) >= 5 * 10
+        assert value("loghub_ingest_logs_total", **busy, shard=shard) >= 5 * 5
         assert value("loghub_ingest_bytes_total", **busy, shard=shard) > 0
     assert not any(
         name == "loghub_ingest_logs_total" and ("logstore", "quiet") in labels
@@ -157,7 +157,7 @@ def test_a_scrape_during_traffic_shows_a_lagging_groups_lag_and_ingest_per_logst
     assert value("loghub_consumer_group_handoffs_total", **group_labels) == 1
     assert value("loghub_errors_total", code="LogStoreNotExist") == 1
     put_api = "POST /logstores/{logstore}/shards/{shard}"
-    assert value("loghub_request_seconds_count", api=put_api) >= 2 * 10
+    assert value("loghub_request_seconds_count", api=put_api) >= 2 * 5
 
 
 def test_the_label_children_of_a_shard_are_resolved_once() -> None:
