@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Installs the system packages the tests use, only when they are missing: PostgreSQL 15
 # (the tests start a throwaway cluster of their own), a Java runtime (for Spark) and the
-# openssl command (the TLS tests make their own certificate authority with it).
+# openssl command (the TLS tests make their own certificate authority with it), and Chromium
+# with its WebDriver (the web console's browser test drives them headless).
 set -euo pipefail
 need=()
 pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
 if [ -z "$pg_bin" ] || [ ! -x "$pg_bin/initdb" ]; then need+=(postgresql); fi
 if ! command -v java >/dev/null 2>&1; then need+=(openjdk-17-jre-headless); fi
 if ! command -v openssl >/dev/null 2>&1; then need+=(openssl); fi
+if [ ! -x /usr/bin/chromium ]; then need+=(chromium); fi
+if [ ! -x /usr/bin/chromedriver ]; then need+=(chromium-driver); fi
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "missing system packages: ${need[*]}; install them (apt-get install ${need[*]})" >&2

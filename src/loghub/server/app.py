@@ -58,6 +58,7 @@ from loghub.errors import (
 from loghub.server.admission import BodyBudget
 from loghub.server.auth import Authenticator, needs_write
 from loghub.server.config import ServerConfig
+from loghub.server.console import Console, is_console_path
 from loghub.server.errors import protocol_error
 from loghub.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from loghub.server.metrics import api_label
@@ -232,6 +233,7 @@ class LogHubApp:
         )
         self._background: list[asyncio.Task[None]] = []
         self._auth = Authenticator(self.config)
+        self._console = Console(self.service, self._auth, partial(self._blocking))
         data_dirs = {str(self.config.data_dir), str(self.config.data_dir.resolve())}
         self._data_dir_paths = re.compile(
             "|".join(re.escape(d) + r"[^\s\"']*" for d in sorted(data_dirs, key=len, reverse=True))
@@ -254,11 +256,13 @@ class LogHubApp:
             if protocol_error(exc).internal:
                 # the server's own fault: the details (paths, positions, SQL) are for its log
                 log.error("request %s %s: %r", scope.get("method"), scope.get("path"), exc)
+            self.service.metrics.errors.labels(protocol_error(exc).code).inc()
             response = _error(self._without_paths(exc), request_id)
         except ClientDisconnect:
             return  # cut mid-body (a timeout, or the client left): nobody to answer
         except Exception:
             log.exception("request %s %s failed", scope.get("method"), scope.get("path"))
+            self.service.metrics.errors.labels("InternalServerError").inc()
             response = _error(LogHubError("internal server error"), request_id)
         await response(scope, receive, send)
         self._count(request, response.status_code, time.perf_counter() - started)
@@ -276,7 +280,7 @@ class LogHubApp:
 
     def _count(self, request: Request, status: int, elapsed_s: float) -> None:
         path: str = request.scope["path"]
-        if path in ("/health", "/metrics"):
+        if path in ("/health", "/metrics") or is_console_path(path):
             return
         raw_query: bytes = request.scope.get("query_string", b"")
         query = dict(parse_qsl(raw_query.decode("latin-1")))
@@ -383,7 +387,12 @@ class LogHubApp:
                     headers,
                     self.clock.wall_ms() / 1000,
                 )
-            return Response(self.service.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+            # a scrape reads every shard's statistics and every group's checkpoints: not on
+            # the event loop
+            exposition = await self._blocking(self.service.metrics.exposition)
+            return Response(exposition, media_type=METRICS_CONTENT_TYPE)
+        if is_console_path(scope["path"]):
+            return await self._console.handle(request, headers, request_id)
         project = project_from_host(headers.get("host", ""), self.config.base_hosts)
         call = _Call(request, request_id, headers, project)
         async with self._body_budget.room(self._body_room_bytes(request)):

@@ -17,8 +17,8 @@ the group's heartbeats and checkpoint checks (the pure logic is not thread-safe)
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from loghub._clock import Clock
@@ -28,13 +28,14 @@ from loghub.errors import (
     InvalidCursor,
     InvalidShardCheckPoint,
     ParameterInvalid,
+    RecordsLostError,
 )
 from loghub.metadata import Checkpoint, ConsumerGroupDef, MetadataStore, Shard
 from loghub.storage import ShardLog, ShardStore
 from loghub.wire.cursor import decode_cursor
 from loghub.wire.values import json_int
 
-__all__ = ["GroupService"]
+__all__ = ["GroupService", "GroupShardStatus", "HeartbeatObserver"]
 
 GroupKey = tuple[str, str, str]
 
@@ -50,6 +51,28 @@ _HELD_SHARDS_MAX = 4096
 class _LiveGroup:
     lock: threading.Lock
     group: ConsumerGroup
+    # the last consumer each shard was granted to, kept through a hand-off (when the group
+    # grants the shard to nobody for a while): what tells a hand-off from a first grant
+    holders: dict[int, str] = field(default_factory=dict)
+
+
+# Told of every heartbeat: the group, whether its assignment changed, how many shards went
+# from one consumer to another. Called under the group's lock: it must be quick.
+HeartbeatObserver = Callable[[GroupKey, bool, int], None]
+
+
+@dataclass(frozen=True)
+class GroupShardStatus:
+    """One shard as one consumer group sees it: for the console and the lag metrics."""
+
+    shard_id: int
+    state: str  # the server-side state (not_alloc, already_alloc, transfer, wait, over)
+    owner: str  # the consumer holding it ("" for none); during a hand-off the old holder
+    checkpoint: str  # the saved cursor ("" for none)
+    checkpoint_seq: int  # where the group resumes (the shard's begin without a checkpoint)
+    end_seq: int
+    lag_log_groups: int
+    lag_s: float  # newest data's receive time minus that of the first unread group
 
 
 class GroupService:
@@ -61,6 +84,7 @@ class GroupService:
         self._live: dict[GroupKey, _LiveGroup] = {}
         # groups defined before this process started lost their assignments with it
         self._from_before: set[GroupKey] = set()
+        self.heartbeat_observer: HeartbeatObserver | None = None
         for project in metadata.list_projects(0, 1_000_000)[0]:
             for logstore in metadata.list_logstores(project.name, 0, 1_000_000)[0]:
                 catalog = metadata.consumer_groups(project.name, logstore)
@@ -123,7 +147,10 @@ class GroupService:
         live = self._live_group(project, logstore, name)
         with live.lock:
             views = self._shard_views(project, logstore, name)
-            return live.group.heartbeat(consumer, held, views, self._clock.monotonic_ms())
+            before = live.group.assignments()
+            granted = live.group.heartbeat(consumer, held, views, self._clock.monotonic_ms())
+            self._observe(project, logstore, name, live, before)
+            return granted
 
     def update_checkpoint(
         self,
@@ -170,6 +197,62 @@ class GroupService:
             shard_ids = [shard_id] if shard_id in shard_ids else []
         return [saved.get(s, Checkpoint(s, "", "", 0)).to_json() for s in shard_ids]
 
+    # -- status for the console and the metrics ---------------------------------------------------
+
+    def shard_status(self, project: str, logstore: str, name: str) -> list[GroupShardStatus]:
+        """Each shard's state, owner, checkpoint and lag for one group. Consumers silent for
+        longer than the timeout are dropped first, as the next heartbeat would, so a crashed
+        consumer does not show as an owner."""
+        saved = self._metadata.consumer_groups(project, logstore).checkpoints(
+            project, logstore, name
+        )
+        owners: dict[int, str] = {}
+        states: dict[int, str] = {}
+        live = self._live.get((project, logstore, name))
+        if live is not None:
+            with live.lock:
+                live.group.expire(self._clock.monotonic_ms())
+                for consumer, shard_ids in live.group.assignments().items():
+                    owners.update(dict.fromkeys(shard_ids, consumer))
+                for shard_id, state in live.group.shard_states().items():
+                    states[shard_id] = state.value
+                    if state.value == "transfer":
+                        owners[shard_id] = live.holders.get(shard_id, "")
+        result = []
+        for shard in self._metadata.list_shards(project, logstore):
+            checkpoint = saved.get(shard.shard_id)
+            cursor = checkpoint.cursor if checkpoint is not None else ""
+            shard_log = self._shard_log(project, logstore, shard)
+            begin_seq, end_seq = shard_log.begin_seq, shard_log.end_seq
+            position = max(begin_seq, decode_cursor(cursor)) if cursor else begin_seq
+            lag = max(0, end_seq - position)
+            result.append(
+                GroupShardStatus(
+                    shard.shard_id,
+                    states.get(shard.shard_id, "not_alloc"),
+                    owners.get(shard.shard_id, ""),
+                    cursor,
+                    position,
+                    end_seq,
+                    lag,
+                    _lag_s(shard_log, position, end_seq) if lag else 0.0,
+                )
+            )
+        return result
+
+    def _observe(
+        self, project: str, logstore: str, name: str, live: _LiveGroup, before: dict[str, list[int]]
+    ) -> None:
+        after = live.group.assignments()
+        handoffs = 0
+        for consumer, shard_ids in after.items():
+            for shard_id in shard_ids:
+                previous = live.holders.get(shard_id)
+                handoffs += previous is not None and previous != consumer
+                live.holders[shard_id] = consumer
+        if self.heartbeat_observer is not None:
+            self.heartbeat_observer((project, logstore, name), after != before, handoffs)
+
     # -- internals ------------------------------------------------------------------------------
 
     def _live_group(self, project: str, logstore: str, name: str) -> _LiveGroup:
@@ -208,6 +291,17 @@ class GroupService:
                 finished = position >= shard.end_seq
             views.append(ShardView(shard.shard_id, shard.parents, finished))
         return views
+
+
+def _lag_s(shard_log: ShardLog, position: int, end_seq: int) -> float:
+    """Seconds between the first unread group's arrival and the newest one's; 0 when a
+    damaged range hides either (the lag in groups still tells)."""
+    try:
+        newest_ms = shard_log.receive_time_ms(end_seq - 1)
+        oldest_ms = shard_log.receive_time_ms(position)
+    except RecordsLostError:
+        return 0.0
+    return max(0, newest_ms - oldest_ms) / 1000
 
 
 def _timeout(value: Any) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import shutil
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,12 +36,13 @@ from loghub.metadata import Logstore, LogstoreSpec, MetadataStore, Shard, parse_
 from loghub.server.autosplit import AutoSplitMonitor
 from loghub.server.config import ServerConfig
 from loghub.server.groups import GroupService
-from loghub.server.metrics import ServerMetrics
+from loghub.server.metrics import GroupShardLag, LogstoreDisk, ServerMetrics
 from loghub.server.quotas import ShardQuota, ShardQuotas, rate_per_s_max
 from loghub.server.validation import BodyChecker
 from loghub.storage import (
     ReadBatch,
     ShardLog,
+    ShardLogStatistics,
     ShardStore,
     StorageConfig,
     raise_open_files_limit,
@@ -87,6 +89,7 @@ class LogHubService:
             hard,
             open_files_max,
         )
+        self.metrics = ServerMetrics()
         self.metadata = MetadataStore.open(config.metadata_url(), clock)
         self.storage = ShardStore(
             config.data_dir / "shards",
@@ -99,12 +102,14 @@ class LogHubService:
                 # look damaged.
                 payload_bytes_max=max(config.limits.raw_body_bytes_max, _RECORD_BYTES_FLOOR) + 16,
                 open_files_max=open_files_max,
+                fsync_observer=self.metrics.fsync_seconds.observe,
             ),
             clock,
         )
         self.groups = GroupService(self.metadata, self.storage, clock)
-        self.metrics = ServerMetrics()
+        self.groups.heartbeat_observer = self.metrics.count_heartbeat
         self.metrics.watch_storage(self.storage.statistics)
+        self.metrics.watch_service(self)
         self._round_robin = itertools.count()
         self.body_checker = BodyChecker(
             config.limits, config.parse_processes, config.parse_inline_bytes_max
@@ -140,10 +145,12 @@ class LogHubService:
     def delete_logstore(self, project: str, name: str) -> None:
         logstore = self.metadata.delete_logstore(project, name)
         self.storage.drop_logstore(logstore.storage_key)
+        self.metrics.forget_logstore(project, name)
 
     def delete_project(self, project: str) -> None:
         for logstore in self.metadata.delete_project(project):
             self.storage.drop_logstore(logstore.storage_key)
+            self.metrics.forget_logstore(project, logstore.name)
 
     # -- data path ---------------------------------------------------------------------------
 
@@ -263,7 +270,7 @@ class LogHubService:
         Blocking (decompression, parse, fsync wait): call from a storage thread.
         """
         self.metadata.get_logstore(project, logstore)  # a missing logstore first: LogStoreNotExist
-        raw = self.body_checker.checked_raw(compress_type, body, raw_size)
+        raw, log_count = self.body_checker.checked_raw(compress_type, body, raw_size)
         payload = frame_log_group(raw)
         for _attempt in range(_REROUTES_MAX):
             shard = self.pick_shard(project, logstore, target, hash_key)
@@ -279,8 +286,7 @@ class LogHubService:
                 self.metadata.wait_for_writes()
                 continue
             self.autosplit.record(project, logstore, shard.shard_id, len(payload))
-            self.metrics.put_groups.inc()
-            self.metrics.put_bytes.inc(len(raw))
+            self.metrics.count_ingest(project, logstore, shard.shard_id, log_count, len(raw))
             return sequence
         raise ShardReadOnly(f"logstore {logstore} kept resharding; try again")
 
@@ -335,8 +341,7 @@ class LogHubService:
         except RecordsLostError as exc:
             raise _with_cursors(exc, logstore, shard_id) from exc
         self.quotas.charge_read(quota_key, quota, len(batch.data))
-        self.metrics.pull_groups.inc(batch.count)
-        self.metrics.pull_bytes.inc(len(batch.data))
+        self.metrics.count_pull(project, logstore, shard_id, batch.count, len(batch.data))
         body = compress(accept_compress, batch.data) if batch.data else b""
         return PullResult(
             body=body,
@@ -357,6 +362,57 @@ class LogHubService:
             for key, attribute in _QUOTA_KEYS.items()
         }
         return ShardQuota(**rates)
+
+    # -- status, for the metrics and the console (read-only) ---------------------------------
+
+    def logstores(self) -> list[tuple[str, Logstore]]:
+        """Every logstore with its project; one deleted while this runs is left out."""
+        found: list[tuple[str, Logstore]] = []
+        for project in self.metadata.list_projects(0, 1_000_000)[0]:
+            for name in self.metadata.list_logstores(project.name, 0, 1_000_000)[0]:
+                try:
+                    found.append((project.name, self.metadata.get_logstore(project.name, name)))
+                except NotFoundError:
+                    continue
+        return found
+
+    def shard_statistics(self, store: Logstore, shard: Shard) -> ShardLogStatistics:
+        return self._open_log(store, shard).statistics()
+
+    def logstore_disk(self) -> list[LogstoreDisk]:
+        disk = []
+        for project, store in self.logstores():
+            try:
+                shards = self.metadata.list_shards(project, store.name)
+                size = sum(self.shard_statistics(store, s).size_bytes for s in shards)
+            except NotFoundError:
+                continue
+            disk.append(LogstoreDisk(project, store.name, size))
+        return disk
+
+    def group_lags(self) -> list[GroupShardLag]:
+        lags = []
+        for project, store in self.logstores():
+            try:
+                for group in self.groups.list_groups(project, store.name):
+                    name = str(group["name"])
+                    for status in self.groups.shard_status(project, store.name, name):
+                        lags.append(
+                            GroupShardLag(
+                                project,
+                                store.name,
+                                name,
+                                status.shard_id,
+                                status.lag_log_groups,
+                                status.lag_s,
+                            )
+                        )
+            except NotFoundError:
+                continue
+        return lags
+
+    def disk_free_bytes(self) -> int:
+        return shutil.disk_usage(self.config.data_dir).free
 
     def apply_retention(self) -> int:
         """Deletes expired segments of every logstore; returns how many went."""

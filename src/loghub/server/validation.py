@@ -167,26 +167,30 @@ class BodyChecker:
                 )
             return self._pool
 
-    def checked_raw(self, compress_type: str | None, body: bytes, raw_size: int | None) -> bytes:
-        """The decompressed body, once proven a complete LogGroup within the limits."""
+    def checked_raw(
+        self, compress_type: str | None, body: bytes, raw_size: int | None
+    ) -> tuple[bytes, int]:
+        """The decompressed body, once proven a complete LogGroup within the limits, and its
+        log count (the check counts them anyway; the ingest metrics report it)."""
         raw_bytes_max = self._limits.raw_body_bytes_max
         if self._processes <= 0 or len(body) <= self._inline_bytes_max:
             raw = decompress(compress_type, body, raw_size, raw_bytes_max)
-            _check_raw(raw, self._limits)
-            return raw
+            return raw, _check_raw(raw, self._limits)
         pool = self._worker_pool()
         try:
-            pool.submit(check_log_group, compress_type, body, raw_size, self._limits).result()
+            count = pool.submit(
+                check_log_group, compress_type, body, raw_size, self._limits
+            ).result()
         except BrokenProcessPool:
             log.error("a body-checking worker died; starting new ones")
             with self._lock:
                 if self._pool is pool:
                     self._pool = None
             pool.shutdown(wait=False)
-            check_log_group(compress_type, body, raw_size, self._limits)
+            count = check_log_group(compress_type, body, raw_size, self._limits)
         # decompressing again here costs less than shipping the raw bytes back (lz4 and zstd
         # release the GIL)
-        return decompress(compress_type, body, raw_size, raw_bytes_max)
+        return decompress(compress_type, body, raw_size, raw_bytes_max), count
 
     def close(self) -> None:
         with self._lock:

@@ -44,6 +44,8 @@ import errno
 import logging
 import os
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -97,6 +99,10 @@ class StorageConfig:
     # recently used closed first); files in use are open on top of it. 512 leaves half of
     # the common `ulimit -n 1024` to sockets and the metadata database.
     open_files_max: int = 512
+    # Told the seconds each fdatasync of a log file took (the server's fsync latency
+    # histogram); called from the writing thread, so it must be quick and thread-safe.
+    # A duration, not a point in time: it is measured here with the performance counter.
+    fsync_observer: Callable[[float], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.fsync_policy not in ("always", "interval"):
@@ -426,9 +432,16 @@ class ShardLog:
         return new_segment
 
     def _sync(self, segment: Segment) -> None:
+        started_s = time.perf_counter()
         segment.sync()
+        self._observe_fsync(started_s)
         with self._lock:
             self._fsync_count += 1
+
+    def _observe_fsync(self, started_s: float) -> None:
+        observer = self._config.fsync_observer
+        if observer is not None:
+            observer(time.perf_counter() - started_s)
 
     def _roll_back(
         self, segment: Segment, size_bytes: int, next_seq: int, created: list[Segment]
@@ -520,7 +533,9 @@ class ShardLog:
                 log_path = self._segments[-1].path
                 fd = self._files.acquire(log_path)
             try:
+                started_s = time.perf_counter()
                 os.fdatasync(fd)
+                self._observe_fsync(started_s)
             except OSError as exc:
                 logger.error("shard log %s: background fdatasync failed: %r", self.path, exc)
                 continue
