@@ -2,7 +2,8 @@
 # Installs the system packages the tests use, only when they are missing: PostgreSQL 15
 # (the tests start a throwaway cluster of their own), a Java runtime (for Spark) and the
 # openssl command (the TLS tests make their own certificate authority with it), and Chromium
-# with its WebDriver (the web console's browser test drives them headless).
+# with its WebDriver (the web console's browser test drives them headless), and Node.js with
+# npm (the Node SDK's compatibility test installs the SDK from the npm registry).
 set -euo pipefail
 need=()
 pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
@@ -11,6 +12,8 @@ if ! command -v java >/dev/null 2>&1; then need+=(openjdk-17-jre-headless); fi
 if ! command -v openssl >/dev/null 2>&1; then need+=(openssl); fi
 if [ ! -x /usr/bin/chromium ]; then need+=(chromium); fi
 if [ ! -x /usr/bin/chromedriver ]; then need+=(chromium-driver); fi
+if ! command -v node >/dev/null 2>&1; then need+=(nodejs); fi
+if ! command -v npm >/dev/null 2>&1; then need+=(npm); fi
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "missing system packages: ${need[*]}; install them (apt-get install ${need[*]})" >&2
