@@ -2,7 +2,9 @@
 
 Routing follows the protocol reference: the project comes from the first label of the `Host`
 header (``<project>.<base host>``), never from the path, and one path often carries several
-operations told apart by the method and the `type` or `action` query parameter. Those two
+operations told apart by the method and the `type` or `action` query parameter. Paths are
+matched by Starlette's routes (``_ROUTES``, one per path); the endpoint each names tells the
+method and those query parameters apart. Those two
 parameters are checked on every route: a value that names an API LogHub lacks (a query,
 ``type=log`` on a logstore; an unknown ``action``), or one sent where no API of that path
 takes it, is refused, never served by another API of the same path. Optional query
@@ -42,6 +44,7 @@ from urllib.parse import parse_qsl
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.routing import Match, Route
 
 from loghub._clock import Clock, SystemClock
 from loghub.errors import (
@@ -404,32 +407,25 @@ class LogHubApp:
         )
 
     async def _route(self, call: _Call) -> Response:
-        parts = call.parts
-        if not parts:
-            _refuse_selectors(call)
-            return await self._project(call)
-        if parts[0] == "logstores":
-            if len(parts) == 1:
-                _refuse_selectors(call)
-                return await self._logstores(call)
-            if len(parts) == 2:
-                return await self._logstore(call, parts[1])
-            if len(parts) == 3 and (parts[2], call.method) in (("logs", "POST"), ("index", "GET")):
-                # GetLogs v2; GetIndex, and GetHistograms as the OpenAPI SDKs send it
-                if call.optional("type") not in _QUERY_TYPES:
-                    _refuse_selectors(call)
-                return self._no_index(call, parts[1])
-            if parts[2] == "shards" and len(parts) == 3 and call.method == "GET":
-                _refuse_selectors(call)
-                return self._list_shards(call, parts[1])
-            if parts[2] == "shards" and len(parts) == 4:
-                return await self._shard(call, parts[1], parts[3])
-            if parts[2] == "consumergroups" and len(parts) == 3:
-                _refuse_selectors(call)
-                return await self._consumer_groups(call, parts[1])
-            if parts[2] == "consumergroups" and len(parts) == 4:
-                return await self._consumer_group(call, parts[1], parts[3])
+        """Hands the call to the endpoint whose route matches its path (empty segments
+        dropped: ``//logstores/`` is ``/logstores``); a path no route takes, or a method its
+        route does not take, names no API."""
+        path = "/" + "/".join(call.parts)
+        scope = {"type": "http", "path": path, "root_path": "", "method": call.method}
+        for route in _ROUTES:
+            match, child_scope = route.matches(scope)
+            # a regex's ``$`` also matches before a final newline: only the whole path counts
+            if match is Match.FULL and route.path_regex.fullmatch(path):
+                endpoint: _Endpoint = child_scope["endpoint"]
+                return await endpoint(self, call, **child_scope["path_params"])
         raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
+
+    async def _query_logs(self, call: _Call, logstore: str) -> Response:
+        """GetLogs v2 (``POST .../logs``); GetIndex, and GetHistograms as the OpenAPI SDKs
+        send it (``GET .../index``)."""
+        if call.optional("type") not in _QUERY_TYPES:
+            _refuse_selectors(call)
+        return self._no_index(call, logstore)
 
     def _no_index(self, call: _Call, logstore: str) -> NoReturn:
         """The queries (GetLogs v1 and v2, histograms, topics) and GetIndex: the hosted
@@ -444,6 +440,7 @@ class LogHubApp:
     # -- projects ----------------------------------------------------------------------------
 
     async def _project(self, call: _Call) -> Response:
+        _refuse_selectors(call)
         meta = self.service.metadata
         if call.method == "POST":
             return self._create_project(call)
@@ -508,6 +505,7 @@ class LogHubApp:
     # -- logstores ---------------------------------------------------------------------------
 
     async def _logstores(self, call: _Call) -> Response:
+        _refuse_selectors(call)
         project = call.need_project()
         if call.method == "POST":
             self.service.create_logstore(project, call.json_object())
@@ -521,26 +519,27 @@ class LogHubApp:
             return _json({"count": len(names), "total": total, "logstores": names}, call.request_id)
         raise ParameterInvalid(f"unsupported API: {call.method} /logstores")
 
-    async def _logstore(self, call: _Call, name: str) -> Response:
+    async def _logstore(self, call: _Call, logstore: str) -> Response:
         project = call.need_project()
         kind = call.optional("type")
         if call.method == "GET" and kind in _QUERY_TYPES:
-            return self._no_index(call, name)
+            return self._no_index(call, logstore)
         _refuse_selectors(call)
         if call.method == "GET":
-            logstore = self.service.metadata.get_logstore(project, name)
-            return _json(logstore.to_json(), call.request_id)
+            found = self.service.metadata.get_logstore(project, logstore)
+            return _json(found.to_json(), call.request_id)
         if call.method == "PUT":
-            self.service.update_logstore(project, name, call.json_object())
+            self.service.update_logstore(project, logstore, call.json_object())
             return _empty(call.request_id)
         if call.method == "DELETE":
-            await self._blocking(self.service.delete_logstore, project, name)
+            await self._blocking(self.service.delete_logstore, project, logstore)
             return _empty(call.request_id)
-        raise ParameterInvalid(f"unsupported API: {call.method} /logstores/{name}")
+        raise ParameterInvalid(f"unsupported API: {call.method} /logstores/{logstore}")
 
     # -- consumer groups -----------------------------------------------------------------------
 
     async def _consumer_groups(self, call: _Call, logstore: str) -> Response:
+        _refuse_selectors(call)
         project = call.need_project()
         groups = self.service.groups
         if call.method == "POST":
@@ -550,7 +549,7 @@ class LogHubApp:
             return _json(groups.list_groups(project, logstore), call.request_id)
         raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
 
-    async def _consumer_group(self, call: _Call, logstore: str, name: str) -> Response:
+    async def _consumer_group(self, call: _Call, logstore: str, group: str) -> Response:
         project = call.need_project()
         groups = self.service.groups
         _refuse_selectors(call, "type" if call.method == "POST" else "")
@@ -558,7 +557,7 @@ class LogHubApp:
         consumer = call.query.get("consumer", "")
         if call.method == "POST" and kind == "heartbeat":
             granted = await self._blocking(
-                groups.heartbeat, project, logstore, name, consumer, call.json_body()
+                groups.heartbeat, project, logstore, group, consumer, call.json_body()
             )
             return _json(granted, call.request_id)
         if call.method == "POST" and kind == "checkpoint":
@@ -567,7 +566,7 @@ class LogHubApp:
                 groups.update_checkpoint,
                 project,
                 logstore,
-                name,
+                group,
                 consumer,
                 force,
                 call.json_body(),
@@ -578,31 +577,32 @@ class LogHubApp:
             shard_id: int | None = _int_param(call, "shard", -1)
             if shard_id is not None and shard_id < 0:
                 shard_id = None
-            checkpoints = groups.get_checkpoints(project, logstore, name, shard_id)
+            checkpoints = groups.get_checkpoints(project, logstore, group, shard_id)
             return _json(checkpoints, call.request_id)
         if call.method == "PUT":
-            await self._blocking(groups.update, project, logstore, name, call.json_body())
+            await self._blocking(groups.update, project, logstore, group, call.json_body())
             return _empty(call.request_id)
         if call.method == "DELETE":
-            await self._blocking(groups.delete, project, logstore, name)
+            await self._blocking(groups.delete, project, logstore, group)
             return _empty(call.request_id)
         raise ParameterInvalid(f"unsupported API: {call.method} {call.path} type={kind!r}")
 
     # -- shards ------------------------------------------------------------------------------
 
-    def _list_shards(self, call: _Call, logstore: str) -> Response:
+    async def _list_shards(self, call: _Call, logstore: str) -> Response:
+        _refuse_selectors(call)
         shards = self.service.metadata.list_shards(call.need_project(), logstore)
         return _json([self.service.shard_json(s) for s in shards], call.request_id)
 
-    async def _shard(self, call: _Call, logstore: str, target: str) -> Response:
+    async def _shard(self, call: _Call, logstore: str, shard: str) -> Response:
         project = call.need_project()
         _refuse_selectors(call, {"POST": "action", "GET": "type"}.get(call.method, ""))
         if call.method == "POST" and call.optional("action") is None:
-            return await self._put_logs(call, project, logstore, target)
+            return await self._put_logs(call, project, logstore, shard)
         if call.method == "POST":
-            return await self._reshard(call, project, logstore, target)
+            return await self._reshard(call, project, logstore, shard)
         if call.method == "GET":
-            shard_id = parse_shard_id(target)
+            shard_id = parse_shard_id(shard)
             kind = call.optional("type")
             if kind == "log":
                 return await self._pull_logs(call, project, logstore, shard_id)
@@ -673,6 +673,37 @@ class LogHubApp:
         if result.compress_type:
             headers["x-log-compresstype"] = result.compress_type
         return Response(result.body, media_type=_PROTOBUF, headers=headers)
+
+
+_Endpoint = Callable[..., Awaitable[Response]]
+
+
+def _api(path: str, endpoint: _Endpoint, methods: tuple[str, ...] | None = None) -> Route:
+    """A route to one of ``LogHubApp``'s endpoints, called with the parsed call and the path's
+    parameters. With ``methods`` None the endpoint tells the methods apart itself, after the
+    checks that come first (the project), as the hosted service orders them. Given methods
+    are taken exactly: Starlette adds HEAD to a GET route, and the protocol has no HEAD."""
+    route = Route(path, endpoint, methods=methods or ("GET",))
+    route.methods = None if methods is None else set(methods)
+    return route
+
+
+# Starlette's routes match the paths, first match wins; the ``type`` and ``action`` query
+# parameters that choose among the APIs of one path are read by the endpoints (see
+# ``_refuse_selectors``). ``_route`` walks them itself, rather than through a ``Router``, so
+# that a miss is a LogHub error (not Starlette's plain-text 404 or 405) and every response
+# still passes the one place that counts it.
+_ROUTES: tuple[Route, ...] = (
+    _api("/", LogHubApp._project),
+    _api("/logstores", LogHubApp._logstores),
+    _api("/logstores/{logstore}", LogHubApp._logstore),
+    _api("/logstores/{logstore}/logs", LogHubApp._query_logs, ("POST",)),
+    _api("/logstores/{logstore}/index", LogHubApp._query_logs, ("GET",)),
+    _api("/logstores/{logstore}/shards", LogHubApp._list_shards, ("GET",)),
+    _api("/logstores/{logstore}/shards/{shard}", LogHubApp._shard),
+    _api("/logstores/{logstore}/consumergroups", LogHubApp._consumer_groups),
+    _api("/logstores/{logstore}/consumergroups/{group}", LogHubApp._consumer_group),
+)
 
 
 def build_app(config: ServerConfig, clock: Clock | None = None) -> LogHubApp:
