@@ -20,10 +20,11 @@ ALLOWED: dict[str, set[str]] = {
     "__init__": _BASE,
     "errors": set(),
     "_clock": set(),
+    "_sql": {"errors"},  # the one SQL engine factory, for metadata and lease stores
     "wire": _BASE,
     "storage": _BASE | {"wire"},
-    "metadata": _BASE | {"wire"},
-    "coordination": _BASE | {"wire", "metadata"},
+    "metadata": _BASE | {"wire", "_sql"},
+    "coordination": _BASE | {"wire", "metadata", "_sql"},
     "client": _BASE | {"wire"},
     "server": _BASE | {"wire", "storage", "metadata", "coordination"},
     "consumer": _BASE | {"wire", "client", "coordination"},
