@@ -215,13 +215,14 @@ def _refuse_selectors(call: _Call, *taken: str) -> None:
 
 
 def _int_param(call: _Call, name: str, default: int | None = None) -> int:
-    """An integer query parameter; an empty value (``offset=``) counts as absent."""
+    """An integer query parameter; an empty value (``offset=``) counts as absent, and an
+    integral one written as a float (``size=100.0``) is that integer."""
     text = call.optional(name)
     if text is None or not text.strip():
         if default is None:
             raise ParameterInvalid(f"the query parameter {name} is required")
         return default
-    return parse_decimal(text, name, ParameterInvalid, negative=True, digits_max=12)
+    return parse_decimal(text, name, ParameterInvalid, negative=True, digits_max=12, fraction=True)
 
 
 class LogHubApp:
