@@ -10,10 +10,13 @@ in LogHub's error format. Signed v4 requests to a real keyed server, and the off
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from aliyun.log import LogClient
+from aliyun.log import LogClient, LogItem, PutLogsRequest
+from aliyun.log.consumer import ConsumerProcessorBase, ConsumerWorker, CursorPosition, LogHubConfig
 from raw_http import RawConnection, Reply, signed, target
 from server_process import ServerProcess
 
@@ -41,6 +44,10 @@ def http(signed_server: ServerProcess) -> Iterator[RawConnection]:
         assert _send(connection, "POST", "/", body={}).status == 200
         store = {"logstoreName": "store", "shardCount": 2, "ttl": 7}
         assert _send(connection, "POST", "/logstores", body=store).status == 200
+        group = {"consumerGroup": "fixed", "timeout": 10}
+        assert (
+            _send(connection, "POST", "/logstores/store/consumergroups", body=group).status == 200
+        )
         yield connection
 
 
@@ -93,7 +100,7 @@ def test_logstore_quotas_may_be_integral_floats(http: RawConnection) -> None:
     [
         ("/logstores", [("offset", "0.0"), ("size", "10.0")]),
         ("/logstores/store/shards/0", [("type", "cursor"), ("from", "1700000000.0")]),
-        ("/logstores/store/consumergroups/strings", [("shard", "0.0")]),
+        ("/logstores/store/consumergroups/fixed", [("shard", "0.0")]),
     ],
 )
 def test_integral_query_numbers_written_as_floats_are_taken(
@@ -127,3 +134,44 @@ def test_values_that_name_no_integer_are_still_refused(
     reply = _send(http, method, path, query, body)
     assert reply.status == 400, reply.body
     assert reply.error_code() in ("ParameterInvalid", "LogStoreInfoInvalid"), reply.body
+
+
+@pytest.mark.usefixtures("sdk_proxy_env")
+def test_an_sdk_consumer_worker_with_a_float_heartbeat_interval_consumes(
+    http: RawConnection, signed_server: ServerProcess
+) -> None:
+    """The case as a user meets it: ``heartbeat_interval=2.0`` makes the worker create its
+    group with ``timeout: 4.0``; the worker must start and read what is there."""
+    sdk = LogClient(signed_server.endpoint, "ak", "sk")
+    item = LogItem(timestamp=1_700_000_000)
+    item.set_contents([("n", "1")])
+    sdk.put_logs(PutLogsRequest(PROJECT, "store", "", "10.0.0.1", [item], hashKey="00"))
+    seen = threading.Event()
+
+    class Processor(ConsumerProcessorBase):  # type: ignore[misc]
+        def process(self, log_groups: Any, tracker: Any) -> None:
+            if any(group.Logs for group in log_groups.LogGroups):
+                seen.set()
+            tracker.save_check_point(True)
+
+    config = LogHubConfig(
+        signed_server.endpoint,
+        "ak",
+        "sk",
+        PROJECT,
+        "store",
+        "float-heartbeat",
+        "worker-1",
+        cursor_position=CursorPosition.BEGIN_CURSOR,
+        heartbeat_interval=2.0,
+        data_fetch_interval=0.2,
+    )
+    worker = ConsumerWorker(Processor, consumer_option=config)
+    worker.start()
+    try:
+        assert seen.wait(timeout=30), "the worker read nothing"
+    finally:
+        worker.shutdown()
+        worker.join(timeout=30)
+    groups = sdk.list_consumer_group(PROJECT, "store").get_consumer_groups()
+    assert {g.get_consumer_group_name(): g.get_timeout() for g in groups}["float-heartbeat"] == 4
