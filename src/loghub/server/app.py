@@ -4,10 +4,10 @@ Routing follows the protocol reference: the project comes from the first label o
 header (``<project>.<base host>``), never from the path, and one path often carries several
 operations told apart by the method and the `type` or `action` query parameter. Paths are
 matched by Starlette's routes (``_ROUTES``, one per path); the endpoint each names tells the
-method and those query parameters apart. Those two
-parameters are checked on every route: a value that names an API LogHub lacks (a query,
-``type=log`` on a logstore; an unknown ``action``), or one sent where no API of that path
-takes it, is refused, never served by another API of the same path. Optional query
+method and those query parameters apart. Those two parameters are checked on every route: a
+value that names an API LogHub lacks (a query, ``type=log`` on a logstore; an unknown
+``action``), or one sent where no API of that path takes it, is refused, never served by
+another API of the same path. Optional query
 parameters follow one rule everywhere: empty (``offset=``) is the same as absent. Absolute-form
 request targets (``GET http://proj.127.0.0.1:8080/logstores HTTP/1.1``, what the SDK sends
 through ``HTTP_PROXY``) reach here as plain paths: uvicorn's httptools parser keeps only path
