@@ -7,13 +7,13 @@ matched by Starlette's routes (``_ROUTES``, one per path); the endpoint each nam
 method and those query parameters apart. Those two parameters are checked on every route: a
 value that names an API LogHub lacks (a query, ``type=log`` on a logstore; an unknown
 ``action``), or one sent where no API of that path takes it, is refused, never served by
-another API of the same path. Optional query
-parameters follow one rule everywhere: empty (``offset=``) is the same as absent. Absolute-form
-request targets (``GET http://proj.127.0.0.1:8080/logstores HTTP/1.1``, what the SDK sends
-through ``HTTP_PROXY``) reach here as plain paths: uvicorn's httptools parser keeps only path
-and query (``raw_path`` holds no authority), so the authority of such a target can neither
-route nor conflict; `Host` alone routes, and it is the `Host` the signature covers. A target
-that still is not a path (another HTTP parser) is refused.
+another API of the same path. Optional query parameters follow one rule everywhere: empty
+(``offset=``) is the same as absent. Absolute-form request targets (``GET
+http://proj.127.0.0.1:8080/logstores HTTP/1.1``, what the SDK sends through ``HTTP_PROXY``)
+reach here as plain paths: uvicorn's httptools parser keeps only path and query (``raw_path``
+holds no authority), so the authority of such a target can neither route nor conflict; `Host`
+alone routes, and it is the `Host` the signature covers. A target that still is not a path
+(another HTTP parser) is refused.
 
 Headers are read once into one mapping (``header_map``): a second `Host`, or a second copy
 of any header a signature covers, is refused with 400 before routing or verifying, so the
