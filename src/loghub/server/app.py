@@ -520,22 +520,22 @@ class LogHubApp:
             return _json({"count": len(names), "total": total, "logstores": names}, call.request_id)
         raise ParameterInvalid(f"unsupported API: {call.method} /logstores")
 
-    async def _logstore(self, call: _Call, logstore: str) -> Response:
+    async def _logstore(self, call: _Call, name: str) -> Response:
         project = call.need_project()
         kind = call.optional("type")
         if call.method == "GET" and kind in _QUERY_TYPES:
-            return self._no_index(call, logstore)
+            return self._no_index(call, name)
         _refuse_selectors(call)
         if call.method == "GET":
-            found = self.service.metadata.get_logstore(project, logstore)
-            return _json(found.to_json(), call.request_id)
+            logstore = self.service.metadata.get_logstore(project, name)
+            return _json(logstore.to_json(), call.request_id)
         if call.method == "PUT":
-            self.service.update_logstore(project, logstore, call.json_object())
+            self.service.update_logstore(project, name, call.json_object())
             return _empty(call.request_id)
         if call.method == "DELETE":
-            await self._blocking(self.service.delete_logstore, project, logstore)
+            await self._blocking(self.service.delete_logstore, project, name)
             return _empty(call.request_id)
-        raise ParameterInvalid(f"unsupported API: {call.method} /logstores/{logstore}")
+        raise ParameterInvalid(f"unsupported API: {call.method} /logstores/{name}")
 
     # -- consumer groups -----------------------------------------------------------------------
 
@@ -550,7 +550,7 @@ class LogHubApp:
             return _json(groups.list_groups(project, logstore), call.request_id)
         raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
 
-    async def _consumer_group(self, call: _Call, logstore: str, group: str) -> Response:
+    async def _consumer_group(self, call: _Call, logstore: str, name: str) -> Response:
         project = call.need_project()
         groups = self.service.groups
         _refuse_selectors(call, "type" if call.method == "POST" else "")
@@ -558,7 +558,7 @@ class LogHubApp:
         consumer = call.query.get("consumer", "")
         if call.method == "POST" and kind == "heartbeat":
             granted = await self._blocking(
-                groups.heartbeat, project, logstore, group, consumer, call.json_body()
+                groups.heartbeat, project, logstore, name, consumer, call.json_body()
             )
             return _json(granted, call.request_id)
         if call.method == "POST" and kind == "checkpoint":
@@ -567,7 +567,7 @@ class LogHubApp:
                 groups.update_checkpoint,
                 project,
                 logstore,
-                group,
+                name,
                 consumer,
                 force,
                 call.json_body(),
@@ -578,13 +578,13 @@ class LogHubApp:
             shard_id: int | None = _int_param(call, "shard", -1)
             if shard_id is not None and shard_id < 0:
                 shard_id = None
-            checkpoints = groups.get_checkpoints(project, logstore, group, shard_id)
+            checkpoints = groups.get_checkpoints(project, logstore, name, shard_id)
             return _json(checkpoints, call.request_id)
         if call.method == "PUT":
-            await self._blocking(groups.update, project, logstore, group, call.json_body())
+            await self._blocking(groups.update, project, logstore, name, call.json_body())
             return _empty(call.request_id)
         if call.method == "DELETE":
-            await self._blocking(groups.delete, project, logstore, group)
+            await self._blocking(groups.delete, project, logstore, name)
             return _empty(call.request_id)
         raise ParameterInvalid(f"unsupported API: {call.method} {call.path} type={kind!r}")
 
@@ -595,15 +595,15 @@ class LogHubApp:
         shards = self.service.metadata.list_shards(call.need_project(), logstore)
         return _json([self.service.shard_json(s) for s in shards], call.request_id)
 
-    async def _shard(self, call: _Call, logstore: str, shard: str) -> Response:
+    async def _shard(self, call: _Call, logstore: str, target: str) -> Response:
         project = call.need_project()
         _refuse_selectors(call, {"POST": "action", "GET": "type"}.get(call.method, ""))
         if call.method == "POST" and call.optional("action") is None:
-            return await self._put_logs(call, project, logstore, shard)
+            return await self._put_logs(call, project, logstore, target)
         if call.method == "POST":
-            return await self._reshard(call, project, logstore, shard)
+            return await self._reshard(call, project, logstore, target)
         if call.method == "GET":
-            shard_id = parse_shard_id(shard)
+            shard_id = parse_shard_id(target)
             kind = call.optional("type")
             if kind == "log":
                 return await self._pull_logs(call, project, logstore, shard_id)
@@ -697,13 +697,13 @@ def _api(path: str, endpoint: _Endpoint, methods: tuple[str, ...] | None = None)
 _ROUTES: tuple[Route, ...] = (
     _api("/", LogHubApp._project),
     _api("/logstores", LogHubApp._logstores),
-    _api("/logstores/{logstore}", LogHubApp._logstore),
+    _api("/logstores/{name}", LogHubApp._logstore),
     _api("/logstores/{logstore}/logs", LogHubApp._query_logs, ("POST",)),
     _api("/logstores/{logstore}/index", LogHubApp._query_logs, ("GET",)),
     _api("/logstores/{logstore}/shards", LogHubApp._list_shards, ("GET",)),
-    _api("/logstores/{logstore}/shards/{shard}", LogHubApp._shard),
+    _api("/logstores/{logstore}/shards/{target}", LogHubApp._shard),
     _api("/logstores/{logstore}/consumergroups", LogHubApp._consumer_groups),
-    _api("/logstores/{logstore}/consumergroups/{group}", LogHubApp._consumer_group),
+    _api("/logstores/{logstore}/consumergroups/{name}", LogHubApp._consumer_group),
 )
 
 
