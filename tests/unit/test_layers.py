@@ -20,7 +20,6 @@ ALLOWED: dict[str, set[str]] = {
     "__init__": _BASE,
     "errors": set(),
     "_clock": set(),
-    "_sql": {"errors"},  # the one SQL engine factory, for metadata and lease stores
     "wire": _BASE,
     "storage": _BASE | {"wire"},
     "metadata": _BASE | {"wire", "_sql"},
@@ -31,6 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "testing": _BASE | {"wire", "storage", "metadata", "coordination", "client", "consumer"},
     "spark": _BASE | {"wire", "client"},
     "pipelines": _BASE | {"wire", "client", "spark"},
+    "_sql": {"errors"},  # the one SQL engine factory, for the metadata and lease stores
 }
 TOP = {"cli", "demo", "__main__"}  # the command line may use everything
 
