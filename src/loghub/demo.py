@@ -19,6 +19,7 @@ from rich.table import Table
 
 from loghub.client import LogHubClient
 from loghub.errors import AlreadyExistsError
+from loghub.pipelines import SPARK_EXTRA_MISSING, spark_is_missing
 from loghub.server.config import ServerConfig
 from loghub.server.embedded import EmbeddedServer
 from loghub.wire.logs import make_log_group
@@ -100,8 +101,13 @@ def run_demo(
         _print_summary(console, received, len(shards), produce_s, read_s)
         if with_pipeline:
             # Spark starts in a second JVM: the slow part of the demo (about a minute)
-            from loghub.pipelines.access_log import run_demo_pipeline
-
+            try:
+                from loghub.pipelines.access_log import run_demo_pipeline
+            except ImportError as exc:
+                if not spark_is_missing(exc):
+                    raise
+                console.print(f"no pipeline: {SPARK_EXTRA_MISSING}", markup=False)
+                return {"sent": len(sent), "received": len(received)}
             console.print("[bold]access-log pipeline[/bold] on Spark (local mode) ...")
             run_demo_pipeline(
                 server.endpoint, PROJECT, LOGSTORE, data_dir / "pipeline", console=console

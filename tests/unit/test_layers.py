@@ -22,14 +22,15 @@ ALLOWED: dict[str, set[str]] = {
     "_clock": set(),
     "wire": _BASE,
     "storage": _BASE | {"wire"},
-    "metadata": _BASE | {"wire"},
-    "coordination": _BASE | {"wire", "metadata"},
+    "metadata": _BASE | {"wire", "_sql"},
+    "coordination": _BASE | {"wire", "metadata", "_sql"},
     "client": _BASE | {"wire"},
     "server": _BASE | {"wire", "storage", "metadata", "coordination"},
     "consumer": _BASE | {"wire", "client", "coordination"},
     "testing": _BASE | {"wire", "storage", "metadata", "coordination", "client", "consumer"},
     "spark": _BASE | {"wire", "client"},
     "pipelines": _BASE | {"wire", "client", "spark"},
+    "_sql": {"errors"},  # the one SQL engine factory, for the metadata and lease stores
 }
 TOP = {"cli", "demo", "__main__"}  # the command line may use everything
 

@@ -4,13 +4,15 @@ class the caller names (never ValueError, OverflowError or RecursionError)."""
 from __future__ import annotations
 
 import json
+import math
+from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loghub.errors import LogStoreInfoInvalid, ParameterInvalid, PostBodyInvalid
-from loghub.wire.values import JSON_DEPTH_MAX, json_int, loads_json, parse_decimal
+from loghub.wire.values import JSON_DEPTH_MAX, json_bool, json_int, loads_json, parse_decimal
 
 
 @pytest.mark.parametrize(("text", "number"), [("0", 0), ("12", 12), (" 7 ", 7), ("-3", -3)])
@@ -88,3 +90,63 @@ def test_brackets_inside_strings_do_not_count_as_depth() -> None:
 def test_depth_at_the_limit_is_read() -> None:
     body = b"[" * JSON_DEPTH_MAX + b"]" * JSON_DEPTH_MAX
     assert loads_json(body) is not None
+
+
+@pytest.mark.parametrize(
+    ("text", "number"), [("10.0", 10), ("10.", None), ("7.000", 7), ("-3.0", -3)]
+)
+def test_a_zero_fraction_is_read_where_fractions_are_allowed(text: str, number: int | None) -> None:
+    if number is None:
+        with pytest.raises(ParameterInvalid):
+            parse_decimal(text, "n", ParameterInvalid, negative=True, fraction=True)
+    else:
+        assert parse_decimal(text, "n", ParameterInvalid, negative=True, fraction=True) == number
+
+
+@pytest.mark.parametrize("text", ["10.5", ".5", "1.0.0", "1e3", "1.²"])
+def test_a_fraction_that_is_not_zero_is_refused_unless_rounding_up(text: str) -> None:
+    with pytest.raises(ParameterInvalid):
+        parse_decimal(text, "n", ParameterInvalid, fraction=True)
+
+
+@pytest.mark.parametrize(("text", "number"), [("2.5", 3), ("2.0001", 3), ("-2.5", -2), ("4.0", 4)])
+def test_a_fraction_rounds_up_when_asked(text: str, number: int) -> None:
+    assert (
+        parse_decimal(text, "n", ParameterInvalid, negative=True, fraction=True, round_up=True)
+        == number
+    )
+
+
+@settings(derandomize=True, max_examples=300)
+@given(st.integers(-(10**12), 10**12), st.text("0123456789", min_size=1, max_size=6))
+def test_a_fraction_rounded_up_is_the_ceiling(whole: int, digits: str) -> None:
+    text = f"{'-' if whole < 0 else ''}{abs(whole)}.{digits}"
+    expected = math.ceil(Fraction(text))
+    assert (
+        parse_decimal(text, "n", ParameterInvalid, negative=True, fraction=True, round_up=True)
+        == expected
+    )
+
+
+@pytest.mark.parametrize(("value", "number"), [("4.0", 4), (" 6.00 ", 6)])
+def test_a_json_string_may_write_an_integer_as_a_float(value: str, number: int) -> None:
+    assert json_int(value, "timeout", ParameterInvalid, low=1, high=10) == number
+
+
+def test_a_fractional_timeout_string_is_rounded_up() -> None:
+    assert json_int("2.5", "timeout", ParameterInvalid, low=1, high=10, round_up=True) == 3
+    with pytest.raises(ParameterInvalid):
+        json_int("2.5", "shard", ParameterInvalid, low=0, high=10)
+
+
+@pytest.mark.parametrize(
+    ("value", "flag"), [(True, True), (False, False), ("true", True), ("False", False)]
+)
+def test_json_booleans_may_be_strings(value: object, flag: bool) -> None:
+    assert json_bool(value, "order", ParameterInvalid) is flag
+
+
+@pytest.mark.parametrize("value", [None, 0, 1, "yes", "", [], {}])
+def test_other_values_are_not_booleans(value: object) -> None:
+    with pytest.raises(ParameterInvalid):
+        json_bool(value, "order", ParameterInvalid)

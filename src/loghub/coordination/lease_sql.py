@@ -31,23 +31,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from loghub._clock import Clock
+from loghub._sql import create_engine, sqlite_busy_timeout_ms
 from loghub.coordination.lease import LeaseRecord, worker_name_length_max
 from loghub.errors import DatabaseError, ParameterInvalid
 
 __all__ = ["SqlLeaseStore", "create_lease_engine", "sqlite_busy_timeout_ms"]
 
-# Writers on one SQLite file wait this long for the lock before the call fails; well under
-# the smallest useful lease timeout would be better, but a failed renew is retried anyway.
-sqlite_busy_timeout_ms = 5_000
 # Names of groups and logstore signatures: the width of their columns.
 _key_length_max = 256
 
@@ -78,31 +75,8 @@ _T = TypeVar("_T")
 
 
 def create_lease_engine(url: str) -> Engine:
-    """An engine for ``sqlite:///path`` (WAL, busy timeout) or ``postgresql+psycopg://``."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = sa.create_engine(
-            parsed,
-            connect_args={"timeout": sqlite_busy_timeout_ms / 1000, "check_same_thread": False},
-        )
-        sa.event.listen(engine, "connect", _sqlite_on_connect)
-        return engine
-    if parsed.get_backend_name() == "postgresql":
-        return sa.create_engine(parsed, pool_pre_ping=True)
-    raise ParameterInvalid(f"lease URL must be sqlite:// or postgresql+psycopg://, got {url}")
-
-
-def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    try:
-        cursor.execute("PRAGMA journal_mode=WAL")
-        # A checkpoint acknowledged must survive a power cut.
-        cursor.execute("PRAGMA synchronous=FULL")
-        cursor.execute(f"PRAGMA busy_timeout={sqlite_busy_timeout_ms}")
-    finally:
-        cursor.close()
+    """An engine for ``sqlite:///path`` or ``postgresql+psycopg://`` (see ``loghub._sql``)."""
+    return create_engine(url, "lease")
 
 
 class SqlLeaseStore:

@@ -30,14 +30,14 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from itertools import pairwise
-from pathlib import Path
 from typing import Any, Protocol, cast
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from loghub._clock import Clock
+from loghub._sql import create_engine
 from loghub.errors import (
     DatabaseError,
     LogStoreAlreadyExist,
@@ -71,7 +71,6 @@ SCHEMA_VERSION = 1
 # The hosted service pages lists at 500 at most; a larger ``size`` is cut to this, and the
 # returned total tells the caller there is more.
 list_page_size_max = 500
-sqlite_busy_timeout_ms = 5_000
 # Shards ever made in one logstore, readonly ones included: bounds lineage and directories.
 shard_ids_per_logstore_max = 4096
 # Logstore fields update_logstore may change. The shard count changes only by split/merge.
@@ -206,7 +205,7 @@ class MetadataStore:
     def open(cls, url: str, clock: Clock) -> MetadataStore:
         """Open (creating if needed) the database at ``url``: ``sqlite:////abs/path/meta.db``
         or ``postgresql+psycopg://user@host:port/db``."""
-        return cls(_create_engine(url), clock)
+        return cls(create_engine(url, "metadata"), clock)
 
     def close(self) -> None:
         self._engine.dispose()
@@ -557,37 +556,6 @@ def _next_ids(entry: _CachedLogstore, count: int) -> list[int]:
     """Shard ids are never reused: new ones continue after the largest ever given."""
     first = max(entry.by_id) + 1
     return list(range(first, first + count))
-
-
-def _create_engine(url: str) -> Engine:
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = sa.create_engine(
-            parsed,
-            connect_args={
-                "timeout": sqlite_busy_timeout_ms / 1000,
-                # The pool hands a connection to one thread at a time.
-                "check_same_thread": False,
-            },
-        )
-        sa.event.listen(engine, "connect", _sqlite_on_connect)
-        return engine
-    if parsed.get_backend_name() == "postgresql":
-        return sa.create_engine(parsed, pool_pre_ping=True)
-    raise ParameterInvalid(f"metadata URL must be sqlite:// or postgresql+psycopg://, got {url}")
-
-
-def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    try:
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=FULL")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute(f"PRAGMA busy_timeout={sqlite_busy_timeout_ms}")
-    finally:
-        cursor.close()
 
 
 def _page(names: list[str], offset: int, size: int) -> list[str]:

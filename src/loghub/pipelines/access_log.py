@@ -13,6 +13,16 @@ micro-batch overwrites its own ``batch_id=<n>`` directory, so a batch replayed a
 replaces what its first attempt wrote. The copy in the metrics logstore is at least once (a
 replayed batch writes its rows again; ``(window_start, host, path)`` identifies a row).
 
+Nothing is lost at the end of a run, but not everything is written yet: the minutes the
+watermark has not passed (the newest minute or two of event time) stay in Spark's state until
+a later run's logs move the watermark past them. ``RunCounts`` says, from each micro-batch's
+observed metrics, how many logs were read, written, skipped, dropped as late, and how many
+*wait for the watermark*; the waiting count is carried in ``<output>/watermark.json`` from run
+to run. A batch run (``available_now``) with ``flush_at_end`` also writes those open minutes,
+provisionally, to ``<output>/flushed/`` (replaced by each such run): the logs they hold are
+read again from the logstore, from ``starting_offsets`` up to where the run stopped.
+``read_metrics`` returns a flushed minute only until the stream writes that minute for good.
+
 Local mode (``local[*]``) by default; ``master`` names a cluster, whose executors need
 ``openloghub[spark]`` installed.
 """
@@ -20,32 +30,47 @@ Local mode (``local[*]``) by default; ``master`` names a cluster, whose executor
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.streaming.query import StreamingQuery
 from rich.console import Console
 from rich.table import Table
 
-import loghub.spark
 from loghub.client import LogHubClient
 from loghub.errors import AlreadyExistsError
+from loghub.pipelines import SPARK_EXTRA_MISSING, spark_is_missing
+
+try:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    import loghub.spark
+except ImportError as exc:
+    if not spark_is_missing(exc):
+        raise
+    # installed without the extra: say which one
+    raise ModuleNotFoundError(SPARK_EXTRA_MISSING, name=exc.name) from exc
 
 __all__ = [
     "ACCESS_LOG_COLUMNS",
     "METRIC_COLUMNS",
     "PipelineConfig",
+    "RunCounts",
     "access_log_metrics",
     "ensure_logstore",
     "host_summary",
     "print_summary",
     "read_metrics",
+    "run_counts",
     "run_demo_pipeline",
+    "run_pipeline",
     "spark_session",
     "start_pipeline",
 ]
@@ -88,6 +113,11 @@ class PipelineConfig:
     trigger_interval_s: float = 10.0
     available_now: bool = False  # read what is there, then stop
     max_offsets_per_trigger: int | None = None
+    flush_at_end: bool = False  # available_now only: write the open minutes to flushed/
+
+    def __post_init__(self) -> None:
+        if self.flush_at_end and not self.available_now:
+            raise ValueError("flush_at_end applies to a batch run (available_now) only")
 
     @property
     def metrics_dir(self) -> Path:
@@ -96,6 +126,19 @@ class PipelineConfig:
     @property
     def checkpoint_dir(self) -> Path:
         return self.output_dir / "checkpoint"
+
+    @property
+    def has_metrics(self) -> bool:
+        """Whether any minute was written, for good or flushed."""
+        return self.metrics_dir.exists() or self.flushed_dir.exists()
+
+    @property
+    def flushed_dir(self) -> Path:
+        return self.output_dir / "flushed"
+
+    @property
+    def watermark_file(self) -> Path:
+        return self.output_dir / "watermark.json"
 
     def source_options(self) -> dict[str, str]:
         options = {
@@ -206,9 +249,17 @@ def start_pipeline(spark: SparkSession, config: PipelineConfig) -> StreamingQuer
     """Starts the streaming query; with ``available_now`` it stops by itself when it has
     read what the logstore held at the start."""
     access_logs = spark.readStream.format("loghub").options(**config.source_options()).load()
+    complete = F.col("host").isNotNull() & F.col("path").isNotNull()
+    access_logs = access_logs.observe(
+        _OBSERVED_INPUT,
+        F.count(F.lit(1)).alias("read"),
+        F.count(F.when(complete, 1)).alias("accepted"),
+    )
+    metrics = access_log_metrics(access_logs, config.watermark_delay).observe(
+        _OBSERVED_OUTPUT, F.coalesce(F.sum("requests"), F.lit(0)).cast("long").alias("written")
+    )
     writer = (
-        access_log_metrics(access_logs, config.watermark_delay)
-        .writeStream.foreachBatch(_BatchWriter(config))
+        metrics.writeStream.foreachBatch(_BatchWriter(config))
         .outputMode("append")
         .option("checkpointLocation", str(config.checkpoint_dir))
         .queryName(f"access-log-metrics-{config.logstore}")
@@ -219,8 +270,134 @@ def start_pipeline(spark: SparkSession, config: PipelineConfig) -> StreamingQuer
 
 
 def read_metrics(spark: SparkSession, config: PipelineConfig) -> DataFrame:
-    """Every metric row written so far (one per window, host and path)."""
-    return spark.read.parquet(str(config.metrics_dir)).drop("batch_id")
+    """Every metric row written so far (one per window, host and path), and the flushed rows
+    of minutes the stream has not written yet."""
+    flushed = spark.read.parquet(str(config.flushed_dir)) if config.flushed_dir.exists() else None
+    if not config.metrics_dir.exists() and flushed is not None:
+        return flushed  # every minute is still open
+    final = spark.read.parquet(str(config.metrics_dir)).drop("batch_id")
+    if flushed is None:
+        return final
+    provisional = flushed.join(final, ["window_start", "host", "path"], "left_anti")
+    return final.unionByName(provisional)
+
+
+_OBSERVED_INPUT = "access_log_input"
+_OBSERVED_OUTPUT = "access_log_output"
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    """What one run of the pipeline did with the logs it read. ``waiting`` includes logs
+    read by earlier runs whose minutes are still open; ``watermark`` is ISO 8601 UTC."""
+
+    read: int  # logs read by this run
+    skipped: int  # without a host or path
+    written: int  # logs in the minutes written by this run (earlier runs' included)
+    late: int  # later than the watermark when they came: dropped
+    waiting: int  # in minutes the watermark has not passed yet
+    watermark: str | None
+
+    def describe(self) -> str:
+        text = f"read {self.read:,} logs; {self.written:,} in minutes written"
+        if self.waiting:
+            text += (
+                f"; {self.waiting:,} wait for the watermark (minutes ending after "
+                f"{self.watermark or 'the first log'}), written when newer logs move it"
+            )
+        if self.late:
+            text += f"; {self.late:,} dropped as later than the watermark"
+        if self.skipped:
+            text += f"; {self.skipped:,} skipped (no host or path)"
+        return text
+
+
+def run_counts(progress: Sequence[Mapping[str, Any]], waiting_before: int = 0) -> RunCounts:
+    """The counts of a run from its progress reports (as JSON objects), given the logs
+    that were waiting for the watermark when it started. A log that is read and has a host
+    and path is written, dropped as late, or waits: so ``waiting`` is what is left."""
+    read = accepted = written = late = 0
+    watermark = None
+    for report in progress:
+        observed = report.get("observedMetrics") or {}
+        read += int(observed.get(_OBSERVED_INPUT, {}).get("read", 0))
+        accepted += int(observed.get(_OBSERVED_INPUT, {}).get("accepted", 0))
+        written += int(observed.get(_OBSERVED_OUTPUT, {}).get("written", 0))
+        late += sum(int(s.get("numRowsDroppedByWatermark", 0)) for s in report["stateOperators"])
+        watermark = (report.get("eventTime") or {}).get("watermark", watermark)
+    if watermark == "1970-01-01T00:00:00.000Z":
+        watermark = None  # no event time seen yet
+    # Never below 0: a run that crashed kept no count, and its replay counts its batches again.
+    waiting = max(0, waiting_before + accepted - written - late)
+    return RunCounts(read, read - accepted, written, late, waiting, watermark)
+
+
+def _load_waiting(config: PipelineConfig) -> int:
+    try:
+        return int(json.loads(config.watermark_file.read_text())["waiting"])
+    except FileNotFoundError:
+        return 0
+
+
+def _save_waiting(config: PipelineConfig, counts: RunCounts) -> None:
+    """Written after a run ends cleanly; a run that crashed leaves the last count, and its
+    replayed batches are counted by the run that replays them."""
+    config.output_dir.mkdir(parents=True, exist_ok=True)
+    temporary = config.watermark_file.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"waiting": counts.waiting, "watermark": counts.watermark}))
+    temporary.replace(config.watermark_file)
+
+
+def _flush(spark: SparkSession, config: PipelineConfig, progress: list[dict[str, Any]]) -> int:
+    """Writes the minutes the watermark has not passed, computed from the logs read again
+    (``starting_offsets`` up to where the run stopped), to ``flushed/``; returns the number
+    of logs in them. Minutes start on whole minutes, so every minute from the watermark's
+    is open."""
+    ended = [p for p in progress if p.get("sources")]
+    if not ended or ended[-1]["sources"][0].get("endOffset") is None:
+        return 0
+    end_offset = ended[-1]["sources"][0]["endOffset"]
+    watermark = (ended[-1].get("eventTime") or {}).get("watermark")
+    options = {**config.source_options(), "endingOffsets": json.dumps(end_offset)}
+    logs = spark.read.format("loghub").options(**options).load()
+    if watermark is not None:
+        since_s = int(datetime.fromisoformat(watermark.replace("Z", "+00:00")).timestamp())
+        since_s -= since_s % 60
+        logs = logs.where(F.col("log_time") >= F.timestamp_seconds(F.lit(since_s)))
+    pending = access_log_metrics(logs, config.watermark_delay).persist()
+    try:
+        pending.write.mode("overwrite").parquet(str(config.flushed_dir))
+        total = pending.agg(F.coalesce(F.sum("requests"), F.lit(0))).first()
+        return 0 if total is None else int(total[0])
+    finally:
+        pending.unpersist()
+
+
+def run_pipeline(
+    spark: SparkSession, config: PipelineConfig, console: Console
+) -> tuple[RunCounts, int]:
+    """Runs the pipeline until it stops (``available_now``) or is interrupted, prints what
+    it did with the logs it read, and saves the waiting count; returns the counts and, with
+    ``flush_at_end``, the logs in the minutes flushed."""
+    waiting_before = _load_waiting(config)
+    query = start_pipeline(spark, config)
+    console.print(f"started {query.name}; metrics under {config.metrics_dir}")
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+    progress = [json.loads(p.json) for p in query.recentProgress]
+    counts = run_counts(progress, waiting_before)
+    _save_waiting(config, counts)
+    console.print(counts.describe())
+    flushed = 0
+    if config.flush_at_end and counts.waiting:
+        flushed = _flush(spark, config, progress)
+        console.print(
+            f"flushed: {flushed:,} logs in open minutes written provisionally to "
+            f"{config.flushed_dir} (the stream writes those minutes for good later)"
+        )
+    return counts, flushed
 
 
 def host_summary(metrics: DataFrame) -> list[dict[str, Any]]:
@@ -271,11 +448,13 @@ def run_demo_pipeline(
     *,
     master: str = "local[*]",
     console: Console | None = None,
+    flush_at_end: bool = False,
 ) -> list[dict[str, Any]]:
     """Runs the pipeline once over what the logstore holds (Trigger.AvailableNow), into
     Parquet under ``out_dir`` and the logstore ``<logstore>-metrics``; prints and returns the
-    per-host summary of every minute written so far. The checkpoint under ``out_dir`` makes a
-    second run continue where the first stopped."""
+    per-host summary of every minute written so far (flushed ones included with
+    ``flush_at_end``). The checkpoint under ``out_dir`` makes a second run continue where
+    the first stopped."""
     console = console or Console()
     config = PipelineConfig(
         endpoint=endpoint,
@@ -284,20 +463,17 @@ def run_demo_pipeline(
         output_dir=out_dir,
         metrics_logstore=f"{logstore}-metrics",
         available_now=True,
+        flush_at_end=flush_at_end,
     )
     ensure_logstore(config, f"{logstore}-metrics")
     console.print(f"[bold]Spark[/bold] pipeline access-log ({master}): reading {logstore}...")
     spark = spark_session(master)
     try:
-        query = start_pipeline(spark, config)
-        query.awaitTermination()
-        batches = [p for p in query.recentProgress if p["numInputRows"]]
-        read = sum(p["numInputRows"] for p in batches)
+        run_pipeline(spark, config, console)
         console.print(
-            f"read {read:,} logs in {len(batches)} micro-batches; metrics in "
-            f"{config.metrics_dir.resolve()} and logstore {config.metrics_logstore}"
+            f"metrics in {config.metrics_dir.resolve()} and logstore {config.metrics_logstore}"
         )
-        rows = host_summary(read_metrics(spark, config)) if config.metrics_dir.exists() else []
+        rows = host_summary(read_metrics(spark, config)) if config.has_metrics else []
     finally:
         spark.stop()
     print_summary(rows, console)

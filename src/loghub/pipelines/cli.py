@@ -12,6 +12,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from loghub.pipelines import SPARK_EXTRA_MISSING, spark_is_missing
+
 __all__ = ["pipeline_app"]
 
 pipeline_app = typer.Typer(
@@ -54,23 +56,37 @@ def access_log(
     max_offsets_per_trigger: Annotated[
         int | None, typer.Option(help="log groups per micro-batch at most")
     ] = None,
+    flush: Annotated[
+        bool,
+        typer.Option(
+            help="with --available-now: at the end, also write the minutes the watermark has"
+            " not passed (provisionally, to <output-dir>/flushed/)"
+        ),
+    ] = False,
     endpoint: Endpoint = "127.0.0.1:8080",
     access_key_id: KeyId = "",
     access_key_secret: KeySecret = "",
 ) -> None:
     """Per-minute request counts by status class, bytes, and p50/p95/p99 latency per host
     and path, from a logstore of web access logs; to Parquet and back into a logstore."""
-    from loghub.pipelines.access_log import (
-        PipelineConfig,
-        ensure_logstore,
-        host_summary,
-        print_summary,
-        read_metrics,
-        spark_session,
-        start_pipeline,
-    )
-
     console = Console(stderr=True)
+    try:
+        from loghub.pipelines.access_log import (
+            PipelineConfig,
+            ensure_logstore,
+            host_summary,
+            print_summary,
+            read_metrics,
+            run_pipeline,
+            spark_session,
+        )
+    except ImportError as exc:
+        if not spark_is_missing(exc):
+            raise
+        console.print(f"error: {SPARK_EXTRA_MISSING}", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    if flush and not available_now:
+        raise typer.BadParameter("--flush needs --available-now (a run that ends by itself)")
     config = PipelineConfig(
         endpoint=endpoint,
         project=project,
@@ -84,18 +100,15 @@ def access_log(
         trigger_interval_s=trigger_seconds,
         available_now=available_now,
         max_offsets_per_trigger=max_offsets_per_trigger,
+        flush_at_end=flush,
     )
     if config.metrics_logstore:
         ensure_logstore(config, config.metrics_logstore)
     spark = spark_session(master)
     try:
-        query = start_pipeline(spark, config)
-        console.print(f"started {query.name} ({master}); metrics under {config.metrics_dir}")
-        try:
-            query.awaitTermination()
-        except KeyboardInterrupt:
-            query.stop()
-        if config.metrics_dir.exists():
+        console.print(f"Spark master {master}")
+        run_pipeline(spark, config, console)
+        if config.has_metrics:
             print_summary(host_summary(read_metrics(spark, config)), Console())
     finally:
         spark.stop()

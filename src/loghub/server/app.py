@@ -2,16 +2,18 @@
 
 Routing follows the protocol reference: the project comes from the first label of the `Host`
 header (``<project>.<base host>``), never from the path, and one path often carries several
-operations told apart by the method and the `type` or `action` query parameter. Those two
-parameters are checked on every route: a value that names an API LogHub lacks (a query,
-``type=log`` on a logstore; an unknown ``action``), or one sent where no API of that path
-takes it, is refused, never served by another API of the same path. Optional query
-parameters follow one rule everywhere: empty (``offset=``) is the same as absent. Absolute-form
-request targets (``GET http://proj.127.0.0.1:8080/logstores HTTP/1.1``, what the SDK sends
-through ``HTTP_PROXY``) reach here as plain paths: uvicorn's httptools parser keeps only path
-and query (``raw_path`` holds no authority), so the authority of such a target can neither
-route nor conflict; `Host` alone routes, and it is the `Host` the signature covers. A target
-that still is not a path (another HTTP parser) is refused.
+operations told apart by the method and the `type` or `action` query parameter. Paths are
+matched by Starlette's routes (``_ROUTES``, one per path); the endpoint each names tells the
+method and those query parameters apart. Those two parameters are checked on every route: a
+value that names an API LogHub lacks (a query, ``type=log`` on a logstore; an unknown
+``action``), or one sent where no API of that path takes it, is refused, never served by
+another API of the same path. Optional query parameters follow one rule everywhere: empty
+(``offset=``) is the same as absent. Absolute-form request targets (``GET
+http://proj.127.0.0.1:8080/logstores HTTP/1.1``, what the SDK sends through ``HTTP_PROXY``)
+reach here as plain paths: uvicorn's httptools parser keeps only path and query (``raw_path``
+holds no authority), so the authority of such a target can neither route nor conflict; `Host`
+alone routes, and it is the `Host` the signature covers. A target that still is not a path
+(another HTTP parser) is refused.
 
 Headers are read once into one mapping (``header_map``): a second `Host`, or a second copy
 of any header a signature covers, is refused with 400 before routing or verifying, so the
@@ -42,6 +44,7 @@ from urllib.parse import parse_qsl
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.routing import Match, Route
 
 from loghub._clock import Clock, SystemClock
 from loghub.errors import (
@@ -214,13 +217,14 @@ def _refuse_selectors(call: _Call, *taken: str) -> None:
 
 
 def _int_param(call: _Call, name: str, default: int | None = None) -> int:
-    """An integer query parameter; an empty value (``offset=``) counts as absent."""
+    """An integer query parameter; an empty value (``offset=``) counts as absent, and an
+    integral one written as a float (``size=100.0``) is that integer."""
     text = call.optional(name)
     if text is None or not text.strip():
         if default is None:
             raise ParameterInvalid(f"the query parameter {name} is required")
         return default
-    return parse_decimal(text, name, ParameterInvalid, negative=True, digits_max=12)
+    return parse_decimal(text, name, ParameterInvalid, negative=True, digits_max=12, fraction=True)
 
 
 class LogHubApp:
@@ -414,32 +418,25 @@ class LogHubApp:
         )
 
     async def _route(self, call: _Call) -> Response:
-        parts = call.parts
-        if not parts:
-            _refuse_selectors(call)
-            return await self._project(call)
-        if parts[0] == "logstores":
-            if len(parts) == 1:
-                _refuse_selectors(call)
-                return await self._logstores(call)
-            if len(parts) == 2:
-                return await self._logstore(call, parts[1])
-            if len(parts) == 3 and (parts[2], call.method) in (("logs", "POST"), ("index", "GET")):
-                # GetLogs v2; GetIndex, and GetHistograms as the OpenAPI SDKs send it
-                if call.optional("type") not in _QUERY_TYPES:
-                    _refuse_selectors(call)
-                return self._no_index(call, parts[1])
-            if parts[2] == "shards" and len(parts) == 3 and call.method == "GET":
-                _refuse_selectors(call)
-                return self._list_shards(call, parts[1])
-            if parts[2] == "shards" and len(parts) == 4:
-                return await self._shard(call, parts[1], parts[3])
-            if parts[2] == "consumergroups" and len(parts) == 3:
-                _refuse_selectors(call)
-                return await self._consumer_groups(call, parts[1])
-            if parts[2] == "consumergroups" and len(parts) == 4:
-                return await self._consumer_group(call, parts[1], parts[3])
+        """Hands the call to the endpoint whose route matches its path (empty segments
+        dropped: ``//logstores/`` is ``/logstores``); a path no route takes, or a method its
+        route does not take, names no API."""
+        path = "/" + "/".join(call.parts)
+        scope = {"type": "http", "path": path, "root_path": "", "method": call.method}
+        for route in _ROUTES:
+            match, child_scope = route.matches(scope)
+            # a regex's ``$`` also matches before a final newline: only the whole path counts
+            if match is Match.FULL and route.path_regex.fullmatch(path):
+                endpoint: _Endpoint = child_scope["endpoint"]
+                return await endpoint(self, call, **child_scope["path_params"])
         raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
+
+    async def _query_logs(self, call: _Call, logstore: str) -> Response:
+        """GetLogs v2 (``POST .../logs``); GetIndex, and GetHistograms as the OpenAPI SDKs
+        send it (``GET .../index``)."""
+        if call.optional("type") not in _QUERY_TYPES:
+            _refuse_selectors(call)
+        return self._no_index(call, logstore)
 
     def _no_index(self, call: _Call, logstore: str) -> NoReturn:
         """The queries (GetLogs v1 and v2, histograms, topics) and GetIndex: the hosted
@@ -454,6 +451,7 @@ class LogHubApp:
     # -- projects ----------------------------------------------------------------------------
 
     async def _project(self, call: _Call) -> Response:
+        _refuse_selectors(call)
         meta = self.service.metadata
         if call.method == "POST":
             return self._create_project(call)
@@ -518,6 +516,7 @@ class LogHubApp:
     # -- logstores ---------------------------------------------------------------------------
 
     async def _logstores(self, call: _Call) -> Response:
+        _refuse_selectors(call)
         project = call.need_project()
         if call.method == "POST":
             self.service.create_logstore(project, call.json_object())
@@ -551,6 +550,7 @@ class LogHubApp:
     # -- consumer groups -----------------------------------------------------------------------
 
     async def _consumer_groups(self, call: _Call, logstore: str) -> Response:
+        _refuse_selectors(call)
         project = call.need_project()
         groups = self.service.groups
         if call.method == "POST":
@@ -600,7 +600,8 @@ class LogHubApp:
 
     # -- shards ------------------------------------------------------------------------------
 
-    def _list_shards(self, call: _Call, logstore: str) -> Response:
+    async def _list_shards(self, call: _Call, logstore: str) -> Response:
+        _refuse_selectors(call)
         shards = self.service.metadata.list_shards(call.need_project(), logstore)
         return _json([self.service.shard_json(s) for s in shards], call.request_id)
 
@@ -691,6 +692,37 @@ class LogHubApp:
         if result.compress_type:
             headers["x-log-compresstype"] = result.compress_type
         return Response(result.body, media_type=_PROTOBUF, headers=headers)
+
+
+_Endpoint = Callable[..., Awaitable[Response]]
+
+
+def _api(path: str, endpoint: _Endpoint, methods: tuple[str, ...] | None = None) -> Route:
+    """A route to one of ``LogHubApp``'s endpoints, called with the parsed call and the path's
+    parameters. With ``methods`` None the endpoint tells the methods apart itself, after the
+    checks that come first (the project), as the hosted service orders them. Given methods
+    are taken exactly: Starlette adds HEAD to a GET route, and the protocol has no HEAD."""
+    route = Route(path, endpoint, methods=methods or ("GET",))
+    route.methods = None if methods is None else set(methods)
+    return route
+
+
+# Starlette's routes match the paths, first match wins; the ``type`` and ``action`` query
+# parameters that choose among the APIs of one path are read by the endpoints (see
+# ``_refuse_selectors``). ``_route`` walks them itself, rather than through a ``Router``, so
+# that a miss is a LogHub error (not Starlette's plain-text 404 or 405) and every response
+# still passes the one place that counts it.
+_ROUTES: tuple[Route, ...] = (
+    _api("/", LogHubApp._project),
+    _api("/logstores", LogHubApp._logstores),
+    _api("/logstores/{name}", LogHubApp._logstore),
+    _api("/logstores/{logstore}/logs", LogHubApp._query_logs, ("POST",)),
+    _api("/logstores/{logstore}/index", LogHubApp._query_logs, ("GET",)),
+    _api("/logstores/{logstore}/shards", LogHubApp._list_shards, ("GET",)),
+    _api("/logstores/{logstore}/shards/{target}", LogHubApp._shard),
+    _api("/logstores/{logstore}/consumergroups", LogHubApp._consumer_groups),
+    _api("/logstores/{logstore}/consumergroups/{name}", LogHubApp._consumer_group),
+)
 
 
 def build_app(config: ServerConfig, clock: Clock | None = None) -> LogHubApp:

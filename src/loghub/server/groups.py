@@ -33,7 +33,7 @@ from loghub.errors import (
 from loghub.metadata import Checkpoint, ConsumerGroupDef, MetadataStore, Shard
 from loghub.storage import ShardLog, ShardStore
 from loghub.wire.cursor import decode_cursor
-from loghub.wire.values import json_int
+from loghub.wire.values import json_bool, json_int
 
 __all__ = ["GroupService", "GroupShardStatus", "HeartbeatObserver"]
 
@@ -97,19 +97,18 @@ class GroupService:
         if not isinstance(body, dict):
             raise ParameterInvalid("the body must be a JSON object")
         name = body.get("consumerGroup")
+        if not isinstance(name, str):
+            raise ParameterInvalid("consumerGroup (a string) is required")
+        ordered = json_bool(body.get("order", False), "order", ParameterInvalid)
         timeout_s = body.get("timeout")
-        ordered = body.get("order", False)
-        if not isinstance(name, str) or not isinstance(ordered, bool):
-            raise ParameterInvalid("consumerGroup (string) and order (boolean) are required")
         catalog = self._metadata.consumer_groups(project, logstore)
         catalog.create(project, logstore, ConsumerGroupDef(name, _timeout(timeout_s), ordered))
 
     def update(self, project: str, logstore: str, name: str, body: Any) -> None:
         if not isinstance(body, dict):
             raise ParameterInvalid("the body must be a JSON object")
-        ordered = body.get("order")
-        if ordered is not None and not isinstance(ordered, bool):
-            raise ParameterInvalid("order must be a boolean")
+        order = body.get("order")
+        ordered = None if order is None else json_bool(order, "order", ParameterInvalid)
         timeout_s = None if body.get("timeout") is None else _timeout(body["timeout"])
         catalog = self._metadata.consumer_groups(project, logstore)
         definition = catalog.update(project, logstore, name, timeout_s, ordered)

@@ -50,7 +50,7 @@ from loghub.storage import (
 from loghub.wire.compression import compress
 from loghub.wire.cursor import decode_cursor, encode_cursor
 from loghub.wire.logs import PULL_BYTES_MAX_PARAM, frame_log_group
-from loghub.wire.values import json_int, parse_decimal
+from loghub.wire.values import json_bool, json_int, parse_decimal
 
 __all__ = ["LogHubService", "PullResult"]
 
@@ -296,7 +296,9 @@ class LogHubService:
             return encode_cursor(shard_log.begin_seq)
         if position == "end":
             return encode_cursor(shard_log.end_seq)
-        time_s = parse_decimal(position, "from (begin, end or unix seconds)", ParameterInvalid)
+        time_s = parse_decimal(
+            position, "from (begin, end or unix seconds)", ParameterInvalid, fraction=True
+        )
         if time_s < 0 or time_s > 2**40:
             raise ParameterInvalid(f"from time {time_s} is out of range")
         return encode_cursor(shard_log.seq_for_time(time_s * 1000))
@@ -475,11 +477,7 @@ def _as_int(value: Any, key: str) -> int:
 
 
 def _as_bool(value: Any, key: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise LogStoreInfoInvalid(f"{key} must be a boolean")
+    return json_bool(value, key, LogStoreInfoInvalid)
 
 
 def _as_str(value: Any, key: str) -> str:
@@ -510,15 +508,9 @@ _QUOTA_KEYS: dict[str, str] = {
 
 
 def _quota_rate(value: Any, key: str) -> int:
-    """A JSON number or a string of ASCII digits (no sign, no other script's digits, no
-    thousands of digits for int() to choke on) in 0..rate_per_s_max."""
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 15:
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise LogStoreInfoInvalid(f"{key} must be an integer")
-    if not 0 <= value <= rate_per_s_max:
-        raise LogStoreInfoInvalid(f"{key} must be 0..{rate_per_s_max}, not {value}")
-    return value
+    """A rate in 0..rate_per_s_max: a JSON integer, an integral float (``1048576.0``) or a
+    string of ASCII digits (see ``json_int``)."""
+    return json_int(value, key, LogStoreInfoInvalid, low=0, high=rate_per_s_max)
 
 
 def logstore_changes_from_json(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,14 @@ Python sources).
 
 from __future__ import annotations
 
-from pyspark.sql import SparkSession
+try:
+    from pyspark.sql import SparkSession
+except ModuleNotFoundError as exc:  # installed without the extra: say which one
+    raise ModuleNotFoundError(
+        "loghub.spark needs PySpark and PyArrow, which come with the spark extra:"
+        " pip install 'openloghub[spark]'",
+        name=exc.name,
+    ) from exc
 
 from loghub.spark.source import LogHubDataSource
 

@@ -24,6 +24,7 @@ from loghub.errors import LogHubError, PostBodyInvalid
 __all__ = [
     "JSON_DEPTH_MAX",
     "JSON_NUMBER_CHARS_MAX",
+    "json_bool",
     "json_int",
     "loads_json",
     "parse_decimal",
@@ -38,6 +39,7 @@ JSON_NUMBER_CHARS_MAX = 40
 _DECIMAL_DIGITS_MAX = 19
 
 _ASCII_DECIMAL = re.compile(r"-?[0-9]+")
+_ASCII_DECIMAL_FRACTION = re.compile(r"(-?[0-9]+)\.([0-9]+)")
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _JSON_BRACKET = re.compile(rb"[\[\]{}]")
 
@@ -49,17 +51,32 @@ def parse_decimal(
     *,
     negative: bool = False,
     digits_max: int = _DECIMAL_DIGITS_MAX,
+    fraction: bool = False,
+    round_up: bool = False,
 ) -> int:
     """The integer ``text`` writes in ASCII decimal digits (one leading ``-`` only when
-    ``negative``); ``error`` naming ``name`` otherwise. Surrounding blanks are allowed."""
+    ``negative``); ``error`` naming ``name`` otherwise. Surrounding blanks are allowed.
+
+    With ``fraction``, a fractional part of ASCII digits is allowed too, as a client that
+    formats a float writes it (``"10.0"``): zeros only, or any digits when ``round_up``
+    (rounded up). Without it (headers, where no client writes one) ``"1.0"`` is refused.
+    """
     stripped = text.strip(" \t")
+    digits_fraction = "0"
+    if fraction and (split := _ASCII_DECIMAL_FRACTION.fullmatch(stripped)) is not None:
+        stripped, digits_fraction = split.group(1), split.group(2)
     if (
         _ASCII_DECIMAL.fullmatch(stripped) is None
         or (stripped.startswith("-") and not negative)
         or len(stripped.lstrip("-")) > digits_max
+        or len(digits_fraction) > digits_max
+        or (digits_fraction.strip("0") and not round_up)
     ):
         raise error(f"{name} must be a decimal integer, not {text[:40]!r}")
-    return int(stripped)
+    number = int(stripped)
+    if digits_fraction.strip("0") and not stripped.startswith("-"):
+        number += 1  # round up; a negative's whole part (-2 of -2.5) is already up
+    return number
 
 
 def json_int(
@@ -74,9 +91,10 @@ def json_int(
     """An integer field of a JSON body, within ``low..high``.
 
     Takes a JSON integer, an integral float (``4.0``: the official SDK computes a consumer
-    group's timeout as ``heartbeat_interval * 2``) and a decimal string (some SDK versions
-    send numbers as strings). A fractional float is refused, or rounded up when
-    ``round_up`` (for a timeout, where more is the safe side). ``true`` is not a number.
+    group's timeout as ``heartbeat_interval * 2``) and a decimal string, ``"4"`` or
+    ``"4.0"`` (some SDK versions send numbers as strings). A fractional value is refused, or
+    rounded up when ``round_up`` (for a timeout, where more is the safe side). ``true`` is
+    not a number.
     """
     number: int
     if isinstance(value, bool):
@@ -88,12 +106,24 @@ def json_int(
             raise error(f"{name} must be an integer, not {value!r}")
         number = math.ceil(value)
     elif isinstance(value, str):
-        number = parse_decimal(value, name, error, negative=low < 0)
+        number = parse_decimal(
+            value, name, error, negative=low < 0, fraction=True, round_up=round_up
+        )
     else:
         raise error(f"{name} must be an integer, not {str(value)[:40]!r}")
     if not low <= number <= high:
         raise error(f"{name} must be from {low} to {high}, not {number}")
     return number
+
+
+def json_bool(value: Any, name: str, error: type[LogHubError]) -> bool:
+    """A boolean field of a JSON body: ``true``/``false``, or the strings ``"true"`` and
+    ``"false"`` in any case (SDKs that send every value as a string)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise error(f"{name} must be true or false, not {str(value)[:40]!r}")
 
 
 def loads_json(body: bytes, error: type[LogHubError] = PostBodyInvalid) -> Any:
