@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.tree import Tree
 
+from loghub.cli_admin import group_app, logstore_describe, print_version
 from loghub.client import LogHubClient, ShardInfo
 from loghub.consumer.cli import consume
 from loghub.errors import LogHubError, ShardReadOnly
@@ -46,6 +47,8 @@ app.add_typer(project_app, name="project")
 app.add_typer(logstore_app, name="logstore")
 app.add_typer(shard_app, name="shard")
 app.add_typer(pipeline_app, name="pipeline")
+app.add_typer(group_app, name="group")
+logstore_app.command("describe")(logstore_describe)
 app.command()(consume)
 
 err = Console(stderr=True)
@@ -70,6 +73,9 @@ def _options(
         Path | None,
         typer.Option(envvar="LOGHUB_CA_CERT", help="PEM bundle to trust for https endpoints"),
     ] = None,
+    version: Annotated[
+        bool, typer.Option("--version", is_eager=True, callback=print_version, help="and exit")
+    ] = False,
 ) -> None:
     _tls["ca_cert"] = ca_cert
 

@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "spark": _BASE | {"wire", "client"},
     "pipelines": _BASE | {"wire", "client", "spark"},
 }
-TOP = {"cli", "demo", "__main__"}  # the command line may use everything
+TOP = {"cli", "cli_admin", "demo", "__main__"}  # the command line may use everything
 
 
 def _layer(path: Path) -> str:

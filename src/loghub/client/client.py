@@ -376,6 +376,14 @@ class LogHubClient:
         reply = self._json_request("GET", project, path, query)
         return {int(entry["shard"]): str(entry["checkpoint"]) for entry in reply}
 
+    def describe_consumer_group(self, project: str, logstore: str, group: str) -> dict[str, Any]:
+        """LogHub only (the hosted service has no such API): the group's live consumers and,
+        per shard, its state, owner, checkpoint, end and lag (``lagGroups``, ``lagSeconds``),
+        with the group's totals. See docs/protocol.md."""
+        path = f"/logstores/{logstore}/consumergroups/{group}"
+        reply = self._json_request("GET", project, path, [("type", "describe")])
+        return dict(reply)
+
     # -- data --------------------------------------------------------------------------------
 
     def put_log_group(

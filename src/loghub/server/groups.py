@@ -28,10 +28,11 @@ from loghub.errors import (
     InvalidCursor,
     InvalidShardCheckPoint,
     ParameterInvalid,
+    RecordsLostError,
 )
 from loghub.metadata import Checkpoint, ConsumerGroupDef, MetadataStore, Shard
 from loghub.storage import ShardLog, ShardStore
-from loghub.wire.cursor import decode_cursor
+from loghub.wire.cursor import decode_cursor, encode_cursor
 from loghub.wire.values import json_int
 
 __all__ = ["GroupService"]
@@ -169,6 +170,86 @@ class GroupService:
         if shard_id is not None:
             shard_ids = [shard_id] if shard_id in shard_ids else []
         return [saved.get(s, Checkpoint(s, "", "", 0)).to_json() for s in shard_ids]
+
+    # -- describe (LogHub only) ---------------------------------------------------------------
+
+    def describe(self, project: str, logstore: str, name: str) -> dict[str, object]:
+        """What an operator asks of a group: its live consumers, and per shard its state,
+        owner, checkpoint, end and lag. The hosted service has no such API; the owner and
+        state live only in this server's memory, so nothing else could answer.
+
+        Lag is counted in log groups (the unit of storage: ``end - checkpoint`` is exact and
+        costs nothing, where counting logs would read every unread group) and in seconds:
+        the newest group's receive time minus the receive time of the last group before the
+        checkpoint (of the first unread one when nothing before it is retained). An empty
+        checkpoint counts from the oldest retained group.
+        """
+        definition = self._metadata.consumer_groups(project, logstore).get(project, logstore, name)
+        saved = self._metadata.consumer_groups(project, logstore).checkpoints(
+            project, logstore, name
+        )
+        owners: dict[int, str] = {}
+        states: dict[int, str] = {}
+        consumers: list[str] = []
+        live = self._live.get((project, logstore, name))
+        if live is not None:
+            with live.lock:
+                live.group.expire(self._clock.monotonic_ms())
+                assigned = live.group.assignments()
+                states = {s: state.value for s, state in live.group.shard_states().items()}
+            consumers = sorted(assigned)
+            owners = {shard_id: owner for owner, held in assigned.items() for shard_id in held}
+        shards: list[dict[str, object]] = []
+        lag_groups, lag_seconds = 0, 0.0
+        for shard in self._metadata.list_shards(project, logstore):
+            entry, shard_groups, shard_seconds = self._describe_shard(
+                project, logstore, shard, saved.get(shard.shard_id)
+            )
+            entry["state"] = states.get(shard.shard_id, "not_alloc")
+            entry["owner"] = owners.get(shard.shard_id, "")
+            shards.append(entry)
+            lag_groups += shard_groups
+            lag_seconds = max(lag_seconds, shard_seconds or 0.0)
+        return {
+            "consumerGroup": name,
+            "timeout": definition.timeout_s,
+            "order": definition.ordered,
+            "consumers": consumers,
+            "shards": shards,
+            "lagGroups": lag_groups,
+            "lagSeconds": lag_seconds,
+        }
+
+    def _describe_shard(
+        self, project: str, logstore: str, shard: Shard, checkpoint: Checkpoint | None
+    ) -> tuple[dict[str, object], int, float | None]:
+        """One shard's entry, with its lag in groups and seconds (None: not datable)."""
+        log = self._shard_log(project, logstore, shard)
+        begin_seq, end_seq = log.begin_seq, log.end_seq
+        cursor = checkpoint.cursor if checkpoint is not None else ""
+        position = max(begin_seq, decode_cursor(cursor)) if cursor else begin_seq
+        lag_groups = max(0, end_seq - position)
+        lag_seconds: float | None = 0.0
+        if lag_groups:
+            try:
+                newest_ms = log.receive_time_ms(end_seq)
+                read_ms = log.receive_time_ms(position - 1 if position > begin_seq else position)
+                lag_seconds = max(0, newest_ms - read_ms) / 1000
+            except RecordsLostError:
+                lag_seconds = None  # the data that would date it is damaged
+        entry: dict[str, object] = {
+            "shard": shard.shard_id,
+            "status": shard.status,
+            "checkpoint": cursor,
+            "checkpointSeq": position if cursor else None,
+            "updateTime": checkpoint.update_time_us if checkpoint is not None else 0,
+            "beginSeq": begin_seq,
+            "end": encode_cursor(end_seq),
+            "endSeq": end_seq,
+            "lagGroups": lag_groups,
+            "lagSeconds": lag_seconds,
+        }
+        return entry, lag_groups, lag_seconds
 
     # -- internals ------------------------------------------------------------------------------
 
