@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.tree import Tree
 
-from loghub.cli_admin import group_app, logstore_describe, print_version
+from loghub.cli_admin import group_app, logstore_describe, print_version, start_position
 from loghub.client import LogHubClient, ShardInfo
 from loghub.consumer.cli import consume
 from loghub.errors import LogHubError, ShardReadOnly
@@ -551,7 +551,9 @@ def tail(
     logstore: str,
     project: Project,
     shard: Annotated[int | None, typer.Option(help="one shard (default: all)")] = None,
-    start: Annotated[str, typer.Option("--from", help="begin, end, or unix seconds")] = "end",
+    start: Annotated[
+        str, typer.Option("--from", help="begin, end, or a time (epoch s, ISO 8601, -15m)")
+    ] = "end",
     follow: Annotated[bool, typer.Option(help="keep waiting for new logs")] = True,
     poll_interval_s: Annotated[float, typer.Option(help="wait when caught up")] = 1.0,
     endpoint: Endpoint = "127.0.0.1:8080",
@@ -565,7 +567,8 @@ def tail(
             return {s.shard_id for s in client.list_shards(project, logstore)}
 
         shard_ids = {shard} if shard is not None else all_shards()
-        cursors = {s: client.get_cursor(project, logstore, s, start) for s in shard_ids}
+        position = start_position(start)
+        cursors = {s: client.get_cursor(project, logstore, s, position) for s in shard_ids}
         while True:
             if shard is None:  # shards made by splits and merges since: from their beginning
                 for new_shard in sorted(all_shards() - set(cursors)):

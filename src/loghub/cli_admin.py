@@ -27,7 +27,7 @@ import loghub
 from loghub.client import LogHubClient
 from loghub.wire.cursor import decode_cursor, encode_cursor
 
-__all__ = ["group_app", "logstore_describe", "parse_time_s", "print_version"]
+__all__ = ["group_app", "logstore_describe", "parse_time_s", "print_version", "start_position"]
 
 group_app = typer.Typer(
     no_args_is_help=True, help="List, describe (with lag), reset and delete consumer groups."
@@ -77,6 +77,14 @@ def parse_time_s(text: str, now_s: float) -> float:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
+
+
+def start_position(text: str) -> str:
+    """A ``--from`` value for GetCursor: ``begin``, ``end``, or any accepted time spelling
+    turned into the whole epoch seconds the protocol takes."""
+    if text in ("begin", "end"):
+        return text
+    return str(int(parse_time_s(text, time.time())))
 
 
 def _client(ctx: typer.Context, endpoint: str, key_id: str, key_secret: str) -> LogHubClient:
