@@ -341,34 +341,28 @@ def logstore_describe(
     access_key_id: KeyId = "",
     access_key_secret: KeySecret = "",
 ) -> None:
-    """Show a logstore's retention, shards and consumer groups."""
+    """Show a logstore's retention, size, write rate, shards and consumer groups."""
     with _client(ctx, endpoint, access_key_id, access_key_secret) as client:
-        store = client.get_logstore(project, name)
-        shards = client.list_shards(project, name)
+        described = client.describe_logstore(project, name)
         groups = [str(g["name"]) for g in client.list_consumer_groups(project, name)]
-    writable = sum(1 for s in shards if s.writable)
+    described["consumerGroups"] = groups
     if as_json:
-        _print_json(
-            {
-                "logstore": store,
-                "shards": [
-                    {
-                        "shard": s.shard_id,
-                        "status": s.status,
-                        "inclusiveBeginKey": s.inclusive_begin_key,
-                        "exclusiveEndKey": s.exclusive_end_key,
-                    }
-                    for s in shards
-                ],
-                "consumerGroups": groups,
-            }
-        )
+        _print_json(described)
         return
-    table = Table("logstore", "retention days", "shards (readwrite)", "consumer groups")
-    table.add_row(
-        f"{project}/{name}",
-        str(store.get("ttl")),
-        f"{len(shards)} ({writable})",
-        ", ".join(groups) or "-",
-    )
+    store = described["logstore"]
+    window_s = described["rateWindowSeconds"]
+    table = Table(
+        "shard", "status", "size bytes", "begin", "end", f"groups/s (last {window_s} s)",
+        title=f"logstore {project}/{name}: retention {store['ttl']} days, "
+        f"consumer groups: {', '.join(groups) or 'none'}",
+        show_footer=True,
+    )  # fmt: skip
+    for shard in described["shards"]:
+        table.add_row(
+            str(shard["shard"]), str(shard["status"]), str(shard["sizeBytes"]),
+            str(shard["beginSeq"]), str(shard["endSeq"]), f"{shard['groupsPerSecond']:.2f}",
+        )  # fmt: skip
+    table.columns[0].footer = "total"
+    table.columns[2].footer = str(described["sizeBytes"])
+    table.columns[5].footer = f"{described['groupsPerSecond']:.2f}"
     _console().print(table)

@@ -282,14 +282,38 @@ def test_delete_asks_first(server: ServerProcess, setup: str) -> None:
     assert "doomed" not in [g["consumerGroup"] for g in listing]
 
 
-def test_logstore_describe_and_version(server: ServerProcess, setup: str) -> None:
+def test_logstore_describe_shows_retention_size_and_rate(server: ServerProcess, setup: str) -> None:
     described = json.loads(
         ok(loghub(server, "logstore", "describe", "web", "-p", PROJECT, "--json"))
     )
-    assert described["logstore"]["ttl"] == 7 and len(described["shards"]) == 2
+    assert described["logstore"]["ttl"] == 7
     assert {"idle", "live"} <= set(described["consumerGroups"])
+    shards = described["shards"]
+    assert [(s["shard"], s["status"], s["beginSeq"], s["endSeq"]) for s in shards] == [
+        (0, "readwrite", 0, 2),
+        (1, "readwrite", 0, 2),
+    ]
+    assert all(s["sizeBytes"] > 0 for s in shards)
+    assert described["sizeBytes"] == sum(s["sizeBytes"] for s in shards)
+    with LogHubClient(server.endpoint, "ak", "sk") as client:
+        client.create_logstore(PROJECT, "rated", shard_count=1, ttl_days=1)
+        for n in range(3):
+            group = make_log_group([(1_700_000_000, {"key": "k", "n": str(n)})])
+            client.put_log_group(PROJECT, "rated", group, shard_id=0)
+    rated = json.loads(ok(loghub(server, "logstore", "describe", "rated", "-p", PROJECT, "--json")))
+    # three groups in the last minute (the window), none before
+    assert rated["groupsPerSecond"] == pytest.approx(3 / rated["rateWindowSeconds"], abs=1e-3)
     table = ok(loghub(server, "logstore", "describe", "web", "-p", PROJECT))
-    assert f"{PROJECT}/web" in table and "2 (2)" in table
+    assert "retention 7 days" in table
+    *rows, total = table_rows(table)
+    assert [row[:2] + row[3:5] for row in rows] == [
+        ["0", "readwrite", "0", "2"],
+        ["1", "readwrite", "0", "2"],
+    ]
+    assert total[0] == "total" and total[2] == str(described["sizeBytes"])
+
+
+def test_version() -> None:
     version = subprocess.run(
         [sys.executable, "-m", "loghub", "--version"], capture_output=True, text=True, timeout=60
     )

@@ -273,6 +273,12 @@ class LogHubClient:
     def get_logstore(self, project: str, logstore: str) -> dict[str, Any]:
         return dict(self._json_request("GET", project, f"/logstores/{logstore}"))
 
+    def describe_logstore(self, project: str, logstore: str) -> dict[str, Any]:
+        """LogHub only: the logstore (as get_logstore), and per shard its size on disk,
+        retained range and write rate, with totals. See docs/protocol.md."""
+        reply = self._json_request("GET", project, f"/logstores/{logstore}", [("type", "describe")])
+        return dict(reply)
+
     def list_logstores(self, project: str, offset: int = 0, size: int = 500) -> list[str]:
         reply = self._json_request(
             "GET", project, "/logstores", [("offset", str(offset)), ("size", str(size))]

@@ -526,6 +526,9 @@ class LogHubApp:
         kind = call.optional("type")
         if call.method == "GET" and kind in _QUERY_TYPES:
             return self._no_index(call, name)
+        if call.method == "GET" and kind == "describe":  # LogHub only: sizes and rates
+            description = await self._blocking(self.service.describe_logstore, project, name)
+            return _json(description, call.request_id)
         _refuse_selectors(call)
         if call.method == "GET":
             logstore = self.service.metadata.get_logstore(project, name)
