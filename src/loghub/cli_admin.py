@@ -262,6 +262,9 @@ def group_reset(
     with _client(ctx, endpoint, access_key_id, access_key_secret) as client:
         described = client.describe_consumer_group(project, logstore, group)
         chosen = [s for s in described["shards"] if shard is None or s["shard"] in shard]
+        unknown = sorted(set(shard or ()) - {int(s["shard"]) for s in chosen})
+        if unknown:
+            raise _fail(f"logstore {logstore} has no shard {', '.join(map(str, unknown))}")
         now_s = time.time()
         plan = []
         for entry in chosen:
