@@ -233,6 +233,48 @@ def _reset_target(
     return decode_cursor(client.get_cursor(project, logstore, int(shard["shard"]), position))
 
 
+def _reset_plan(
+    client: LogHubClient,
+    project: str,
+    logstore: str,
+    shards: list[dict[str, Any]],
+    to: str | None,
+    shift: int | None,
+) -> list[dict[str, Any]]:
+    """Per shard: the checkpoint now (``fromSeq``, None if none) and where it moves."""
+    now_s = time.time()
+    plan = []
+    for entry in shards:
+        target = _reset_target(client, project, logstore, entry, to, shift, now_s)
+        current = decode_cursor(entry["checkpoint"]) if entry["checkpoint"] else None
+        plan.append(
+            {
+                "shard": entry["shard"],
+                "fromSeq": current,
+                "toSeq": target,
+                "to": encode_cursor(target),
+            }
+        )
+    return plan
+
+
+def _print_plan(group: str, plan: list[dict[str, Any]], execute: bool, live: list[str]) -> None:
+    table = Table("shard", "checkpoint now", "new checkpoint", "change")
+    for step in plan:
+        before = step["fromSeq"]
+        change = "" if before is None else f"{int(step['toSeq']) - int(before):+d}"
+        table.add_row(
+            str(step["shard"]), "-" if before is None else str(before), str(step["toSeq"]), change
+        )
+    _console().print(table)
+    if execute:
+        print(f"reset {len(plan)} checkpoints of group {group}")
+    else:
+        print("dry run: nothing changed; add --execute to apply")
+        if live:
+            print(f"live consumers: {', '.join(live)} (--execute needs --force while they run)")
+
+
 @group_app.command("reset")
 def group_reset(
     ctx: typer.Context,
@@ -265,19 +307,7 @@ def group_reset(
         unknown = sorted(set(shard or ()) - {int(s["shard"]) for s in chosen})
         if unknown:
             raise _fail(f"logstore {logstore} has no shard {', '.join(map(str, unknown))}")
-        now_s = time.time()
-        plan = []
-        for entry in chosen:
-            target = _reset_target(client, project, logstore, entry, to, shift, now_s)
-            current = decode_cursor(entry["checkpoint"]) if entry["checkpoint"] else None
-            plan.append(
-                {
-                    "shard": entry["shard"],
-                    "fromSeq": current,
-                    "toSeq": target,
-                    "to": encode_cursor(target),
-                }
-            )
+        plan = _reset_plan(client, project, logstore, chosen, to, shift)
         live = described["consumers"]
         if execute and live and not force:
             raise _fail(
@@ -297,21 +327,8 @@ def group_reset(
                 )
     if as_json:
         _print_json({"group": group, "executed": execute, "plan": plan})
-        return
-    table = Table("shard", "checkpoint now", "new checkpoint", "change")
-    for step in plan:
-        before = step["fromSeq"]
-        change = "" if before is None else f"{int(step['toSeq']) - int(before):+d}"
-        table.add_row(
-            str(step["shard"]), "-" if before is None else str(before), str(step["toSeq"]), change
-        )
-    _console().print(table)
-    if execute:
-        print(f"reset {len(plan)} checkpoints of group {group}")
     else:
-        print("dry run: nothing changed; add --execute to apply")
-        if live:
-            print(f"live consumers: {', '.join(live)} (--execute needs --force while they run)")
+        _print_plan(group, plan, execute, live)
 
 
 @group_app.command("delete")
