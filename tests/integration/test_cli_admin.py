@@ -321,3 +321,18 @@ def test_version() -> None:
         [sys.executable, "-m", "loghub", "--version"], capture_output=True, text=True, timeout=60
     )
     assert version.returncode == 0 and version.stdout.startswith("loghub ")
+
+
+def test_during_a_hand_off_the_owner_is_the_old_holder(server: ServerProcess, setup: str) -> None:
+    with LogHubClient(server.endpoint, "ak", "sk") as client:
+        client.create_logstore(PROJECT, "handoff", shard_count=2, ttl_days=1)
+        client.create_consumer_group(PROJECT, "handoff", "hh", 60)
+        assert client.heartbeat(PROJECT, "handoff", "hh", "a", []) == [0, 1]
+        client.heartbeat(PROJECT, "handoff", "hh", "a", [0, 1])
+        client.heartbeat(PROJECT, "handoff", "hh", "b", [])  # one shard moves towards b
+    described = json.loads(
+        ok(loghub(server, "group", "describe", "handoff", "hh", "-p", PROJECT, "--json"))
+    )
+    assert described["consumers"] == ["a", "b"]
+    owners = sorted((s["state"], s["owner"]) for s in described["shards"])
+    assert owners == [("already_alloc", "a"), ("transfer", "a")]

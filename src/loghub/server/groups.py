@@ -23,6 +23,7 @@ from typing import Any
 
 from loghub._clock import Clock
 from loghub.coordination.group import ConsumerGroup, ShardView
+from loghub.coordination.shard_state import ShardState
 from loghub.errors import (
     ConsumerNotMatch,
     InvalidCursor,
@@ -196,9 +197,15 @@ class GroupService:
             with live.lock:
                 live.group.expire(self._clock.monotonic_ms())
                 assigned = live.group.assignments()
-                states = {s: state.value for s, state in live.group.shard_states().items()}
+                shard_states = live.group.shard_states()
+                owners = {shard_id: owner for owner, held in assigned.items() for shard_id in held}
+                for shard_id, state in shard_states.items():
+                    if state is ShardState.TRANSFER:  # the old holder keeps it until it lets go
+                        owners[shard_id] = next(
+                            (c for c in assigned if live.group.can_checkpoint(c, shard_id)), ""
+                        )
             consumers = sorted(assigned)
-            owners = {shard_id: owner for owner, held in assigned.items() for shard_id in held}
+            states = {shard_id: state.value for shard_id, state in shard_states.items()}
         shards: list[dict[str, object]] = []
         lag_groups, lag_seconds = 0, 0.0
         for shard in self._metadata.list_shards(project, logstore):
