@@ -9,6 +9,7 @@ the system's authorities, for a private or self-signed certificate. Errors print
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -22,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.tree import Tree
 
-from loghub.cli_admin import group_app, logstore_describe, print_version, start_position
+from loghub.cli_admin import AsJson, group_app, logstore_describe, print_version, start_position
 from loghub.client import LogHubClient, ShardInfo
 from loghub.consumer.cli import consume
 from loghub.errors import LogHubError, ShardReadOnly
@@ -286,14 +287,19 @@ def project_create(
 
 @project_app.command("list")
 def project_list(
+    as_json: AsJson = False,
     endpoint: Endpoint = "127.0.0.1:8080",
     access_key_id: KeyId = "",
     access_key_secret: KeySecret = "",
 ) -> None:
     """List projects."""
     with _client(endpoint, access_key_id, access_key_secret) as client:
-        for project in client.list_projects():
-            print(project["projectName"])
+        projects = client.list_projects()
+    if as_json:
+        print(json.dumps(projects, indent=2, ensure_ascii=False))
+        return
+    for project in projects:
+        print(project["projectName"])
 
 
 @logstore_app.command("create")
@@ -315,14 +321,19 @@ def logstore_create(
 @logstore_app.command("list")
 def logstore_list(
     project: Project,
+    as_json: AsJson = False,
     endpoint: Endpoint = "127.0.0.1:8080",
     access_key_id: KeyId = "",
     access_key_secret: KeySecret = "",
 ) -> None:
     """List the logstores of a project."""
     with _client(endpoint, access_key_id, access_key_secret) as client:
-        for name in client.list_logstores(project):
-            print(name)
+        names = client.list_logstores(project)
+    if as_json:
+        print(json.dumps(names, indent=2, ensure_ascii=False))
+        return
+    for name in names:
+        print(name)
 
 
 @logstore_app.command("delete")
@@ -372,13 +383,18 @@ def shard_tree(shards: list[ShardInfo]) -> Tree:
 def shard_list(
     logstore: str,
     project: Project,
+    as_json: AsJson = False,
     endpoint: Endpoint = "127.0.0.1:8080",
     access_key_id: KeyId = "",
     access_key_secret: KeySecret = "",
 ) -> None:
     """Show a logstore's shards as a lineage tree."""
     with _client(endpoint, access_key_id, access_key_secret) as client:
-        Console().print(shard_tree(client.list_shards(project, logstore)))
+        shards = client.list_shards(project, logstore)
+    if as_json:
+        print(json.dumps([dataclasses.asdict(s) for s in shards], indent=2))
+        return
+    Console().print(shard_tree(shards))
 
 
 @shard_app.command("split")

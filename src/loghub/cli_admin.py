@@ -27,7 +27,14 @@ import loghub
 from loghub.client import LogHubClient
 from loghub.wire.cursor import decode_cursor, encode_cursor
 
-__all__ = ["group_app", "logstore_describe", "parse_time_s", "print_version", "start_position"]
+__all__ = [
+    "AsJson",
+    "group_app",
+    "logstore_describe",
+    "parse_time_s",
+    "print_version",
+    "start_position",
+]
 
 group_app = typer.Typer(
     no_args_is_help=True, help="List, describe (with lag), reset and delete consumer groups."

@@ -336,3 +336,11 @@ def test_during_a_hand_off_the_owner_is_the_old_holder(server: ServerProcess, se
     assert described["consumers"] == ["a", "b"]
     owners = sorted((s["state"], s["owner"]) for s in described["shards"])
     assert owners == [("already_alloc", "a"), ("transfer", "a")]
+
+
+def test_every_list_command_speaks_json(server: ServerProcess, setup: str) -> None:
+    projects = json.loads(ok(loghub(server, "project", "list", "--json")))
+    assert PROJECT in [p["projectName"] for p in projects]
+    assert "web" in json.loads(ok(loghub(server, "logstore", "list", "-p", PROJECT, "--json")))
+    shards = json.loads(ok(loghub(server, "shard", "list", "web", "-p", PROJECT, "--json")))
+    assert [(s["shard_id"], s["status"]) for s in shards] == [(0, "readwrite"), (1, "readwrite")]
