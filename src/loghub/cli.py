@@ -9,6 +9,7 @@ the system's authorities, for a private or self-signed certificate. Errors print
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -22,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.tree import Tree
 
+from loghub.cli_admin import AsJson, group_app, logstore_describe, print_version, start_position
 from loghub.client import LogHubClient, ShardInfo
 from loghub.consumer.cli import consume
 from loghub.errors import LogHubError, ShardReadOnly
@@ -46,6 +48,8 @@ app.add_typer(project_app, name="project")
 app.add_typer(logstore_app, name="logstore")
 app.add_typer(shard_app, name="shard")
 app.add_typer(pipeline_app, name="pipeline")
+app.add_typer(group_app, name="group")
+logstore_app.command("describe")(logstore_describe)
 app.command()(consume)
 
 err = Console(stderr=True)
@@ -70,6 +74,9 @@ def _options(
         Path | None,
         typer.Option(envvar="LOGHUB_CA_CERT", help="PEM bundle to trust for https endpoints"),
     ] = None,
+    version: Annotated[
+        bool, typer.Option("--version", is_eager=True, callback=print_version, help="and exit")
+    ] = False,
 ) -> None:
     _tls["ca_cert"] = ca_cert
 
@@ -280,14 +287,19 @@ def project_create(
 
 @project_app.command("list")
 def project_list(
+    as_json: AsJson = False,
     endpoint: Endpoint = "127.0.0.1:8080",
     access_key_id: KeyId = "",
     access_key_secret: KeySecret = "",
 ) -> None:
     """List projects."""
     with _client(endpoint, access_key_id, access_key_secret) as client:
-        for project in client.list_projects():
-            print(project["projectName"])
+        projects = client.list_projects()
+    if as_json:
+        print(json.dumps(projects, indent=2, ensure_ascii=False))
+        return
+    for project in projects:
+        print(project["projectName"])
 
 
 @logstore_app.command("create")
@@ -309,14 +321,19 @@ def logstore_create(
 @logstore_app.command("list")
 def logstore_list(
     project: Project,
+    as_json: AsJson = False,
     endpoint: Endpoint = "127.0.0.1:8080",
     access_key_id: KeyId = "",
     access_key_secret: KeySecret = "",
 ) -> None:
     """List the logstores of a project."""
     with _client(endpoint, access_key_id, access_key_secret) as client:
-        for name in client.list_logstores(project):
-            print(name)
+        names = client.list_logstores(project)
+    if as_json:
+        print(json.dumps(names, indent=2, ensure_ascii=False))
+        return
+    for name in names:
+        print(name)
 
 
 @logstore_app.command("delete")
@@ -366,13 +383,18 @@ def shard_tree(shards: list[ShardInfo]) -> Tree:
 def shard_list(
     logstore: str,
     project: Project,
+    as_json: AsJson = False,
     endpoint: Endpoint = "127.0.0.1:8080",
     access_key_id: KeyId = "",
     access_key_secret: KeySecret = "",
 ) -> None:
     """Show a logstore's shards as a lineage tree."""
     with _client(endpoint, access_key_id, access_key_secret) as client:
-        Console().print(shard_tree(client.list_shards(project, logstore)))
+        shards = client.list_shards(project, logstore)
+    if as_json:
+        print(json.dumps([dataclasses.asdict(s) for s in shards], indent=2))
+        return
+    Console().print(shard_tree(shards))
 
 
 @shard_app.command("split")
@@ -545,7 +567,9 @@ def tail(
     logstore: str,
     project: Project,
     shard: Annotated[int | None, typer.Option(help="one shard (default: all)")] = None,
-    start: Annotated[str, typer.Option("--from", help="begin, end, or unix seconds")] = "end",
+    start: Annotated[
+        str, typer.Option("--from", help="begin, end, or a time (epoch s, ISO 8601, -15m)")
+    ] = "end",
     follow: Annotated[bool, typer.Option(help="keep waiting for new logs")] = True,
     poll_interval_s: Annotated[float, typer.Option(help="wait when caught up")] = 1.0,
     endpoint: Endpoint = "127.0.0.1:8080",
@@ -559,7 +583,8 @@ def tail(
             return {s.shard_id for s in client.list_shards(project, logstore)}
 
         shard_ids = {shard} if shard is not None else all_shards()
-        cursors = {s: client.get_cursor(project, logstore, s, start) for s in shard_ids}
+        position = start_position(start)
+        cursors = {s: client.get_cursor(project, logstore, s, position) for s in shard_ids}
         while True:
             if shard is None:  # shards made by splits and merges since: from their beginning
                 for new_shard in sorted(all_shards() - set(cursors)):

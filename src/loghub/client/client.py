@@ -299,6 +299,12 @@ class LogHubClient:
     def get_logstore(self, project: str, logstore: str) -> dict[str, Any]:
         return dict(self._json_request("GET", project, f"/logstores/{logstore}"))
 
+    def describe_logstore(self, project: str, logstore: str) -> dict[str, Any]:
+        """LogHub only: the logstore (as get_logstore), and per shard its size on disk,
+        retained range and write rate, with totals. See docs/protocol.md."""
+        reply = self._json_request("GET", project, f"/logstores/{logstore}", [("type", "describe")])
+        return dict(reply)
+
     def list_logstores(self, project: str, offset: int = 0, size: int = 500) -> list[str]:
         reply = self._json_request(
             "GET", project, "/logstores", [("offset", str(offset)), ("size", str(size))]
@@ -401,6 +407,14 @@ class LogHubClient:
         query = [] if shard_id is None else [("shard", str(shard_id))]
         reply = self._json_request("GET", project, path, query)
         return {int(entry["shard"]): str(entry["checkpoint"]) for entry in reply}
+
+    def describe_consumer_group(self, project: str, logstore: str, group: str) -> dict[str, Any]:
+        """LogHub only (the hosted service has no such API): the group's live consumers and,
+        per shard, its state, owner, checkpoint, end and lag (``lagGroups``, ``lagSeconds``),
+        with the group's totals. See docs/protocol.md."""
+        path = f"/logstores/{logstore}/consumergroups/{group}"
+        reply = self._json_request("GET", project, path, [("type", "describe")])
+        return dict(reply)
 
     # -- data --------------------------------------------------------------------------------
 

@@ -535,6 +535,9 @@ class LogHubApp:
         kind = call.optional("type")
         if call.method == "GET" and kind in _QUERY_TYPES:
             return self._no_index(call, name)
+        if call.method == "GET" and kind == "describe":  # LogHub only: sizes and rates
+            description = await self._blocking(self.service.describe_logstore, project, name)
+            return _json(description, call.request_id)
         _refuse_selectors(call)
         if call.method == "GET":
             logstore = self.service.metadata.get_logstore(project, name)
@@ -563,9 +566,14 @@ class LogHubApp:
     async def _consumer_group(self, call: _Call, logstore: str, name: str) -> Response:
         project = call.need_project()
         groups = self.service.groups
-        _refuse_selectors(call, "type" if call.method == "POST" else "")
+        _refuse_selectors(call, "type" if call.method in ("POST", "GET") else "")
         kind = call.optional("type")
         consumer = call.query.get("consumer", "")
+        if call.method == "GET" and kind == "describe":  # LogHub only: owners and lag
+            description = await self._blocking(groups.describe, project, logstore, name)
+            return _json(description, call.request_id)
+        if call.method == "GET" and kind is not None:
+            _refuse_selectors(call)
         if call.method == "POST" and kind == "heartbeat":
             granted = await self._blocking(
                 groups.heartbeat, project, logstore, name, consumer, call.json_body()

@@ -32,7 +32,7 @@ from loghub.errors import (
 )
 from loghub.metadata import Checkpoint, ConsumerGroupDef, MetadataStore, Shard
 from loghub.storage import ShardLog, ShardStore
-from loghub.wire.cursor import decode_cursor
+from loghub.wire.cursor import decode_cursor, encode_cursor
 from loghub.wire.values import json_bool, json_int
 
 __all__ = ["GroupService", "GroupShardStatus", "HeartbeatObserver"]
@@ -73,6 +73,7 @@ class GroupShardStatus:
     end_seq: int
     lag_log_groups: int
     lag_s: float  # newest data's receive time minus that of the first unread group
+    begin_seq: int = 0  # the oldest retained group
 
 
 class GroupService:
@@ -235,9 +236,56 @@ class GroupService:
                     end_seq,
                     lag,
                     _lag_s(shard_log, position, end_seq) if lag else 0.0,
+                    begin_seq,
                 )
             )
         return result
+
+    def describe(self, project: str, logstore: str, name: str) -> dict[str, object]:
+        """What an operator asks of a group (LogHub only): its live consumers, and per shard
+        its status, state, owner, checkpoint, end and lag (as ``shard_status`` counts them:
+        in log groups, the unit of storage, where ``end - checkpoint`` is exact and free, and
+        in seconds, the newest group's arrival minus the first unread one's). The hosted
+        service has no such API; owner and state live only in this server's memory."""
+        definition = self._metadata.consumer_groups(project, logstore).get(project, logstore, name)
+        statuses = self.shard_status(project, logstore, name)
+        saved = self._metadata.consumer_groups(project, logstore).checkpoints(
+            project, logstore, name
+        )
+        consumers: list[str] = []
+        live = self._live.get((project, logstore, name))
+        if live is not None:
+            with live.lock:
+                consumers = sorted(live.group.assignments())
+        shards = {shard.shard_id: shard for shard in self._metadata.list_shards(project, logstore)}
+        entries: list[dict[str, object]] = []
+        for status in statuses:
+            checkpoint = saved.get(status.shard_id)
+            entries.append(
+                {
+                    "shard": status.shard_id,
+                    "status": shards[status.shard_id].status,
+                    "state": status.state,
+                    "owner": status.owner,
+                    "checkpoint": status.checkpoint,
+                    "checkpointSeq": status.checkpoint_seq if status.checkpoint else None,
+                    "updateTime": checkpoint.update_time_us if checkpoint is not None else 0,
+                    "beginSeq": status.begin_seq,
+                    "end": encode_cursor(status.end_seq),
+                    "endSeq": status.end_seq,
+                    "lagGroups": status.lag_log_groups,
+                    "lagSeconds": status.lag_s,
+                }
+            )
+        return {
+            "consumerGroup": name,
+            "timeout": definition.timeout_s,
+            "order": definition.ordered,
+            "consumers": consumers,
+            "shards": entries,
+            "lagGroups": sum(s.lag_log_groups for s in statuses),
+            "lagSeconds": max((s.lag_s for s in statuses), default=0.0),
+        }
 
     def _observe(
         self, project: str, logstore: str, name: str, live: _LiveGroup, before: dict[str, list[int]]
