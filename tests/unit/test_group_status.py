@@ -84,7 +84,7 @@ def test_lag_counts_log_groups_after_the_checkpoint_and_the_seconds_between_them
     )
     status = {s.shard_id: s for s in service.groups.shard_status(P, L, G)}
     assert (status[0].checkpoint_seq, status[0].end_seq, status[0].lag_log_groups) == (1, 4, 3)
-    assert status[0].lag_s == 3.0  # groups 1 and 3 arrived 2 x 1.5 s apart
+    assert status[0].lag_s == 4.5  # group 0 (consumed) and group 3 (newest): 3 x 1.5 s apart
     assert (status[1].lag_log_groups, status[1].lag_s) == (0, 0.0)
     lags = {(lag.shard_id, lag.lag_log_groups) for lag in service.group_lags()}
     assert lags == {(0, 3), (1, 0)}

@@ -72,7 +72,7 @@ class GroupShardStatus:
     checkpoint_seq: int  # where the group resumes (the shard's begin without a checkpoint)
     end_seq: int
     lag_log_groups: int
-    lag_s: float  # newest data's receive time minus that of the first unread group
+    lag_s: float  # newest data's arrival minus that of the last consumed group (_lag_s)
     begin_seq: int = 0  # the oldest retained group
 
 
@@ -341,14 +341,18 @@ class GroupService:
 
 
 def _lag_s(shard_log: ShardLog, position: int, end_seq: int) -> float:
-    """Seconds between the first unread group's arrival and the newest one's; 0 when a
-    damaged range hides either (the lag in groups still tells)."""
+    """How far behind in time a reader at ``position`` is: the newest group's arrival minus
+    that of the last group it consumed (the one before ``position``; the first unread one
+    when nothing before it is retained), so one unread group written a second after the
+    last consumed one is a second of lag. 0 when a damaged range hides either (the lag in
+    groups still tells)."""
+    read = position - 1 if position > shard_log.begin_seq else position
     try:
         newest_ms = shard_log.receive_time_ms(end_seq - 1)
-        oldest_ms = shard_log.receive_time_ms(position)
+        read_ms = shard_log.receive_time_ms(read)
     except RecordsLostError:
         return 0.0
-    return max(0, newest_ms - oldest_ms) / 1000
+    return max(0, newest_ms - read_ms) / 1000
 
 
 def _timeout(value: Any) -> int:
