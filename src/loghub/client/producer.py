@@ -38,6 +38,7 @@ from loghub.wire.proto import LogGroup
 __all__ = ["BadLine", "ParsedBatch", "Sender", "parse_lines"]
 
 T = TypeVar("T")
+_MISSING = object()  # no time field at all (a null one is a bad time)
 _TIME_S_MAX = 2**32 - 1  # the protobuf field is uint32: the year 2106
 _decode_numbers_as_text = json.JSONDecoder(parse_int=str, parse_float=str).decode
 _compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -116,14 +117,14 @@ def _add_log(
     now_s: int,
     hash_key_field: str | None,
 ) -> None:
-    time_value = value.pop(time_field, None)
+    time_value = value.pop(time_field, _MISSING)
     if not all(type(v) is str for v in value.values()):
         # true/false/null or nested: encode them from an ordinary parse, where nested
         # numbers are numbers again (the fast parse kept them as text)
         plain = json.loads(line)
         plain.pop(time_field, None)
         value = {k: v if type(v) is str else _compact(v) for k, v in plain.items()}
-    if time_value is None:
+    if time_value is _MISSING:
         log_time_s = now_s
     else:
         parsed = _time_s(time_value)
