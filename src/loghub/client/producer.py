@@ -10,7 +10,7 @@ past 2106), is a ``BadLine`` with its line number: it is skipped, not sent with 
 
 Speed: a batch is decoded in one ``json`` call over the joined lines (a line is one array
 element; a JSON string cannot hold a raw newline, so the lines are joined by newlines),
-and the group is built by the protobuf runtime from plain dicts in one call. When the
+and the group is built in place through the protobuf runtime's own objects. When the
 joined parse fails or does not give one object per line, each line is decoded alone to
 find the bad ones, so bad input costs time only in the batches that hold it.
 
@@ -52,15 +52,16 @@ class BadLine:
 
 @dataclass
 class ParsedBatch:
-    """Logs as the protobuf constructor takes them, the hash-key field's value of each (when
+    """The logs of a batch as one ``LogGroup``, the hash-key field's value of each log (when
     asked for), and the lines that could not be sent."""
 
-    logs: list[dict[str, Any]] = field(default_factory=list)
+    group: LogGroup = field(default_factory=LogGroup)
     keys: list[str] = field(default_factory=list)
     bad: list[BadLine] = field(default_factory=list)
 
-    def log_group(self, begin: int = 0, end: int | None = None) -> LogGroup:
-        return LogGroup(Logs=self.logs[begin:end])
+    @property
+    def count(self) -> int:
+        return len(self.group.Logs)
 
 
 def parse_lines(
@@ -76,11 +77,42 @@ def parse_lines(
     values = _decode_joined([line for _, line in numbered])
     if values is None:
         values = [_decode_one(number, line, batch.bad) for number, line in numbered]
+    add_log = batch.group.Logs.add
     for (number, line), value in zip(numbered, values, strict=True):
-        if value is not None:
-            _add_log(batch, number, line, value, time_field, now_s, hash_key_field)
+        if value is None:
+            continue
+        time_value = value.pop(time_field, _MISSING)
+        log_time_s = now_s if time_value is _MISSING else _time_s(time_value)
+        if log_time_s is None:
+            batch.bad.append(BadLine(number, f"{time_field} {time_value!r} is not unix seconds"))
+            continue
+        log = add_log()
+        log.Time = log_time_s
+        add_content = log.Contents.add
+        try:
+            for key, text in value.items():
+                content = add_content()
+                content.Key = key
+                content.Value = text  # a TypeError unless a string: see below
+        except TypeError:
+            # true/false/null or nested (rare, so not checked up front): from an ordinary
+            # parse, where nested numbers are numbers again, as compact JSON
+            value = _plain_values(line, time_field)
+            del log.Contents[:]
+            for key, text in value.items():
+                content = add_content()
+                content.Key = key
+                content.Value = text
+        if hash_key_field is not None:
+            batch.keys.append(value.get(hash_key_field, ""))
     batch.bad.sort(key=lambda bad: bad.number)
     return batch
+
+
+def _plain_values(line: bytes, time_field: str) -> dict[str, str]:
+    plain = json.loads(line)
+    plain.pop(time_field, None)
+    return {k: v if type(v) is str else _compact(v) for k, v in plain.items()}
 
 
 def _decode_joined(lines: list[bytes]) -> list[Any] | None:
@@ -106,37 +138,6 @@ def _decode_one(number: int, line: bytes, bad: list[BadLine]) -> Any:
         bad.append(BadLine(number, f"a JSON {type(value).__name__}, not an object"))
         return None
     return value
-
-
-def _add_log(
-    batch: ParsedBatch,
-    number: int,
-    line: bytes,
-    value: dict[str, Any],
-    time_field: str,
-    now_s: int,
-    hash_key_field: str | None,
-) -> None:
-    time_value = value.pop(time_field, _MISSING)
-    if not all(type(v) is str for v in value.values()):
-        # true/false/null or nested: encode them from an ordinary parse, where nested
-        # numbers are numbers again (the fast parse kept them as text)
-        plain = json.loads(line)
-        plain.pop(time_field, None)
-        value = {k: v if type(v) is str else _compact(v) for k, v in plain.items()}
-    if time_value is _MISSING:
-        log_time_s = now_s
-    else:
-        parsed = _time_s(time_value)
-        if parsed is None:
-            batch.bad.append(BadLine(number, f"{time_field} {time_value!r} is not unix seconds"))
-            return
-        log_time_s = parsed
-    if hash_key_field is not None:
-        batch.keys.append(value.get(hash_key_field, ""))
-    batch.logs.append(
-        {"Time": log_time_s, "Contents": [{"Key": k, "Value": v} for k, v in value.items()]}
-    )
 
 
 def _time_s(value: Any) -> int | None:
