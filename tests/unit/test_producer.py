@@ -96,6 +96,15 @@ def test_lines_that_only_parse_joined_are_still_bad() -> None:
     assert batch.count == 1
 
 
+def test_lines_that_regroup_when_joined_are_still_bad() -> None:
+    """An unclosed line, its closing line, and a line holding two objects: joined they would
+    make three objects out of three lines."""
+    lines = [b'{"a": [{"x": 1}', b'{"y": 2}]}', b'{"p": 1}, {"q": 2}', b'{"ok": "1"}']
+    batch = parse_lines(lines, 1, "__time__", NOW_S)
+    assert [bad.number for bad in batch.bad] == [1, 2, 3]
+    assert batch.count == 1
+
+
 def test_hash_key_values_follow_their_logs() -> None:
     lines = [b'{"user": "u1"}', b"bad", b'{"x": "y"}', b'{"user": 7, "ok": true}']
     batch = parse_lines(lines, 1, "__time__", NOW_S, "user")

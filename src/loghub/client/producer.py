@@ -8,10 +8,9 @@ JSON. A line that is not a JSON object, or whose time is not a time (not a numbe
 past 2106), is a ``BadLine`` with its line number: it is skipped, not sent with a silent
 "now", and the others go on.
 
-Speed: a batch is decoded in one ``json`` call over the joined lines (a line is one array
-element; a JSON string cannot hold a raw newline, so the lines are joined by newlines),
-and the group is built in place through the protobuf runtime's own objects. When the
-joined parse fails or does not give one object per line, each line is decoded alone to
+Speed: a batch is decoded in one ``json`` call over the joined lines (each line the value
+of its own key, see ``_decode_joined``), and the group is built in place through the
+protobuf runtime's own objects. When the joined decode fails, each line is decoded alone to
 find the bad ones, so bad input costs time only in the batches that hold it.
 
 ``Sender`` sends groups from one background thread, so reading and encoding the next batch
@@ -26,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import queue
+import secrets
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -116,13 +116,32 @@ def _plain_values(line: bytes, time_field: str) -> dict[str, str]:
 
 
 def _decode_joined(lines: list[bytes]) -> list[Any] | None:
+    """Each line's object from one decode, or None when some line is not one on its own.
+
+    The lines become the values of one object, keyed by a fresh random prefix and the line's
+    index. A line that is not one complete value on its own (``{"a": [1`` followed by
+    ``2]}``) either breaks the decode or moves a key off the top level, leaving some
+    expected key missing or an extra one present; no line can name an expected key without
+    knowing the prefix. So the answer is exactly that of decoding line by line."""
+    prefix = secrets.token_hex(8)
     try:
-        values = _decode_numbers_as_text("[" + ",\n".join(map(bytes.decode, lines)) + "]")
+        text = (
+            "{"
+            + ",\n".join(f'"{prefix}{index}":{line.decode()}' for index, line in enumerate(lines))
+            + "}"
+        )
+        by_key = _decode_numbers_as_text(text)
     except ValueError:  # also UnicodeDecodeError
         return None
-    if len(values) != len(lines) or not all(type(v) is dict for v in values):
+    if len(by_key) != len(lines):
         return None
-    return values  # type: ignore[no-any-return]
+    try:
+        values = [by_key[f"{prefix}{index}"] for index in range(len(lines))]
+    except KeyError:
+        return None
+    if not all(type(v) is dict for v in values):
+        return None
+    return values
 
 
 def _decode_one(number: int, line: bytes, bad: list[BadLine]) -> Any:
