@@ -9,12 +9,14 @@ the system's authorities, for a private or self-signed certificate. Errors print
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
 import os
 import re
 import select
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -480,20 +482,53 @@ class _Router:
 class _LineReader:
     """Whole lines from a file descriptor as they arrive, in large reads: ``read(timeout_s)``
     returns what is there within the timeout (maybe nothing), so a batch can be sent when
-    its linger time is up even while the writer of a pipe is quiet."""
+    its linger time is up even while the writer of a pipe is quiet.
+
+    Inside ``with``, SIGTERM and SIGINT end the input (``stopped``) instead of the process,
+    so what was read is still sent: the signal's wake-up byte ends a waiting ``select``."""
 
     _read_bytes = 1024 * 1024
+    _stop_signals = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.eof = False
+        self.stopped = False
         self._partial = b""
+        self._wake_read, self._wake_write = os.pipe()
+        for wake_fd in (self._wake_read, self._wake_write):
+            os.set_blocking(wake_fd, False)
+        self._previous_handlers: dict[int, Any] = {}
+        self._previous_wakeup_fd = -1
+
+    def __enter__(self) -> _LineReader:
+        for signum in self._stop_signals:
+            self._previous_handlers[signum] = signal.signal(signum, self._stop)
+        self._previous_wakeup_fd = signal.set_wakeup_fd(self._wake_write)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        signal.set_wakeup_fd(self._previous_wakeup_fd)
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+    def _stop(self, signum: int, frame: object) -> None:
+        self.stopped = True
+
+    @property
+    def done(self) -> bool:
+        return self.eof or self.stopped
 
     def read(self, timeout_s: float | None) -> list[bytes]:
-        if self.eof:
+        if self.done:
             return []
-        ready, _, _ = select.select([self.fd], [], [], timeout_s)
-        if not ready:
+        ready, _, _ = select.select([self.fd, self._wake_read], [], [], timeout_s)
+        if self._wake_read in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_read, 512)
+        if self.fd not in ready:
             return []
         chunk = os.read(self.fd, self._read_bytes)
         if not chunk:
@@ -558,7 +593,8 @@ def produce(
     A batch goes out when it holds --batch-size logs or --linger-ms after its first line, so
     `tail -F app.log | loghub produce ...` delivers each line within about the linger time.
     Bad lines (not a JSON object, a time that is not unix seconds) are reported with their
-    line numbers and skipped; the exit status is then 3."""
+    line numbers and skipped; the exit status is then 3. SIGTERM or SIGINT ends the input:
+    what was read is sent, then the command exits."""
     # Every batch makes tens of thousands of short-lived objects and no cycles; the default
     # collector thresholds would scan them again and again (a third of the time).
     gc.set_threshold(_GC_THRESHOLD_OBJECTS)
@@ -585,15 +621,16 @@ def produce(
         sender: Sender[ParsedBatch] = Sender(send, policy, on_retry=on_retry)
         ticker = _ProgressLine(sender) if show_progress else None
         try:
-            skipped = _produce_lines(
-                _LineReader(sys.stdin.fileno()),
-                sender,
-                batch_size=batch_size,
-                linger_s=linger_ms / 1000,
-                time_field=time_field,
-                hash_key_field=hash_key_field,
-                ticker=ticker,
-            )
+            with _LineReader(sys.stdin.fileno()) as reader:
+                skipped = _produce_lines(
+                    reader,
+                    sender,
+                    batch_size=batch_size,
+                    linger_s=linger_ms / 1000,
+                    time_field=time_field,
+                    hash_key_field=hash_key_field,
+                    ticker=ticker,
+                )
         finally:
             sender.close()
             if ticker is not None:
@@ -632,7 +669,7 @@ def _produce_lines(
         if batch.count:
             sender.submit(batch, batch.count)
 
-    while not reader.eof:
+    while not reader.done:
         timeout_s = None if not pending else max(0.0, deadline - time.monotonic())
         if ticker is not None:
             timeout_s = ticker.interval_s if timeout_s is None else min(timeout_s, 1.0)
@@ -647,6 +684,8 @@ def _produce_lines(
             flush(len(pending))
         if ticker is not None:
             ticker.tick()
+    if pending:  # stopped by a signal: what was read is sent all the same
+        flush(len(pending))
     return skipped
 
 

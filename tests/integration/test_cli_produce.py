@@ -182,6 +182,40 @@ def test_a_server_restarting_meanwhile_gets_every_batch(tmp_path: Path) -> None:
         restarted.stop()
 
 
+def test_sigterm_sends_what_was_read_before_exiting(server: ServerProcess) -> None:
+    with LogHubClient(server.endpoint) as client:
+        client.create_logstore(PROJECT, "stopped", shard_count=1)
+        produce = subprocess.Popen(
+            _loghub_args(
+                server.endpoint, "produce", "stopped", "--project", PROJECT,
+                "--linger-ms", "600000", "--progress",
+            ),
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            assert produce.stdin is not None and produce.stderr is not None
+            produce.stdin.write(b"".join(b'{"n": "%d"}\n' % n for n in range(5)))
+            produce.stdin.flush()  # stdin stays open: only the signal ends the input
+            # the progress line comes a second after the first read, which took the lines
+            shown = b""
+            while b"produce:" not in shown:
+                chunk = os.read(produce.stderr.fileno(), 4096)
+                assert chunk, "produce exited early"
+                shown += chunk
+            os.kill(produce.pid, signal.SIGTERM)
+            assert produce.wait(timeout=30) == 0
+            assert b"sent 5 logs" in shown + produce.stderr.read()
+            assert sorted(log["n"] for log in _all_logs(client, "stopped")) == list("01234")
+        finally:
+            if produce.poll() is None:
+                os.kill(produce.pid, signal.SIGKILL)
+                produce.wait(timeout=10)
+            for stream in (produce.stdin, produce.stderr):
+                if stream is not None:
+                    stream.close()
+
+
 def test_progress_line_only_when_asked_for_off_a_terminal(server: ServerProcess) -> None:
     with LogHubClient(server.endpoint) as client:
         client.create_logstore(PROJECT, "progress", shard_count=1)
