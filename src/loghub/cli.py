@@ -9,9 +9,15 @@ the system's authorities, for a private or self-signed certificate. Errors print
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
 import logging
+import os
+import re
+import select
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -20,20 +26,36 @@ from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.tree import Tree
 
+from loghub._retry import RetryPolicy
 from loghub.cli_admin import AsJson, group_app, logstore_describe, print_version, start_position
 from loghub.client import LogHubClient, ShardInfo
+from loghub.client.producer import BadLine, ParsedBatch, Sender, parse_lines
 from loghub.consumer.cli import consume
-from loghub.errors import LogHubError, ShardReadOnly
+from loghub.consumer.cli import set_debug as set_consumer_debug
+from loghub.errors import (
+    DatabaseError,
+    InvalidAccessKeyId,
+    LogHubError,
+    LogStoreNotExist,
+    ProjectNotExist,
+    QuotaError,
+    RequestTimeTooSkewed,
+    ServerBusy,
+    ShardReadOnly,
+    SignatureNotMatch,
+    StorageFull,
+    TransportError,
+    Unauthorized,
+)
 from loghub.metadata.hashing import md5_hash_key, parse_hash_key
 from loghub.pipelines.cli import pipeline_app
 from loghub.server.config import Limits, ServerConfig, load_config_file
 from loghub.server.quotas import ShardQuota, rate_per_s_max
-from loghub.wire.logs import make_log_group
+from loghub.wire.proto import Log, LogGroup
 
-__all__ = ["app", "main"]
+__all__ = ["app", "error_hint", "main"]
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -66,6 +88,8 @@ Project = Annotated[str, typer.Option("--project", "-p", envvar="LOGHUB_PROJECT"
 
 # TLS: set once by the top-level --ca-cert option, read by every client command.
 _tls: dict[str, Path | None] = {"ca_cert": None}
+# --debug: an error shows its traceback instead of one line
+_debug = {"on": False}
 
 
 @app.callback()
@@ -77,8 +101,13 @@ def _options(
     version: Annotated[
         bool, typer.Option("--version", is_eager=True, callback=print_version, help="and exit")
     ] = False,
+    debug: Annotated[
+        bool, typer.Option(envvar="LOGHUB_DEBUG", help="show the traceback of an error")
+    ] = False,
 ) -> None:
     _tls["ca_cert"] = ca_cert
+    _debug["on"] = debug
+    set_consumer_debug(debug)
 
 
 def _client(endpoint: str, key_id: str, key_secret: str) -> LogHubClient:
@@ -428,53 +457,40 @@ def shard_merge(
     print(f"merged shards {left.shard_id} and {right.shard_id} into {merged.shard_id}")
 
 
-def _log_record(line: str, time_field: str) -> tuple[int, dict[str, str]] | None:
-    line = line.strip()
-    if not line:
-        return None
-    value = json.loads(line)
-    if not isinstance(value, dict):
-        raise ValueError("each line must be a JSON object")
-    log_time = value.pop(time_field, None)
-    when = int(log_time) if isinstance(log_time, int | float) else int(time.time())
-    contents = {
-        str(k): v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
-        for k, v in value.items()
-    }
-    return when, contents
-
-
 class _Router:
-    """Sends each log to the readwrite shard whose range covers its key, in one group per
-    shard; after a split or merge (ShardReadOnly) it refreshes the shard list and re-sends."""
+    """Sends each log to the readwrite shard whose range covers the MD5 of its key, in one
+    group per shard; after a split or merge (ShardReadOnly) it refreshes the shard list and
+    re-sends those logs. Runs on the producer's sender thread only."""
 
     def __init__(self, client: LogHubClient, project: str, logstore: str) -> None:
         self.client, self.project, self.logstore = client, project, logstore
-        self.shards: list[ShardInfo] = []
+        self.shards: list[tuple[int, int, int]] = []  # (begin, end, shard id)
         self.refresh()
 
     def refresh(self) -> None:
         self.shards = [
-            s for s in self.client.list_shards(self.project, self.logstore) if s.writable
+            (parse_hash_key(s.inclusive_begin_key), parse_hash_key(s.exclusive_end_key), s.shard_id)
+            for s in self.client.list_shards(self.project, self.logstore)
+            if s.writable
         ]
 
     def shard_for(self, key: int) -> int:
-        for shard in self.shards:
-            begin = parse_hash_key(shard.inclusive_begin_key)
-            end = parse_hash_key(shard.exclusive_end_key)
+        for begin, end, shard_id in self.shards:
             if begin <= key < end or (key == end and end == 2**128 - 1):
-                return shard.shard_id
+                return shard_id
         raise LogHubError(f"no readwrite shard covers key {key:032x}")
 
-    def send(self, records: list[tuple[int, dict[str, str]]], keys: list[int]) -> None:
-        pending = list(zip(records, keys, strict=True))
+    def send(self, batch: ParsedBatch) -> None:
+        keys = map(md5_hash_key, batch.keys)
+        pending: list[tuple[Log, int]] = list(zip(batch.group.Logs, keys, strict=True))
         for _attempt in range(5):
-            buckets: dict[int, list[tuple[tuple[int, dict[str, str]], int]]] = {}
-            for record, key in pending:
-                buckets.setdefault(self.shard_for(key), []).append((record, key))
+            buckets: dict[int, list[tuple[Log, int]]] = {}
+            for log, key in pending:
+                buckets.setdefault(self.shard_for(key), []).append((log, key))
             pending = []
             for shard_id, bucket in buckets.items():
-                group = make_log_group([record for record, _ in bucket])
+                group = LogGroup()
+                group.Logs.extend(log for log, _ in bucket)
                 try:
                     self.client.put_log_group(self.project, self.logstore, group, shard_id=shard_id)
                 except ShardReadOnly:
@@ -485,22 +501,88 @@ class _Router:
         raise LogHubError("shards kept changing while sending; giving up")
 
 
-def _batches(
-    lines: Iterator[str], batch_size: int, time_field: str
-) -> Iterator[list[tuple[int, dict[str, str]]]]:
-    batch: list[tuple[int, dict[str, str]]] = []
-    for number, line in enumerate(lines, 1):
-        try:
-            record = _log_record(line, time_field)
-        except ValueError as exc:
-            raise LogHubError(f"line {number}: {exc}") from exc
-        if record is not None:
-            batch.append(record)
-        if len(batch) >= batch_size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+class _LineReader:
+    """Whole lines from a file descriptor as they arrive, in large reads: ``read(timeout_s)``
+    returns what is there within the timeout (maybe nothing), so a batch can be sent when
+    its linger time is up even while the writer of a pipe is quiet.
+
+    Inside ``with``, SIGTERM and SIGINT end the input (``stopped``) instead of the process,
+    so what was read is still sent: the signal's wake-up byte ends a waiting ``select``."""
+
+    _read_bytes = 1024 * 1024
+    _stop_signals = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.eof = False
+        self.stopped = False
+        self._partial = b""
+        self._wake_read, self._wake_write = os.pipe()
+        for wake_fd in (self._wake_read, self._wake_write):
+            os.set_blocking(wake_fd, False)
+        self._previous_handlers: dict[int, Any] = {}
+        self._previous_wakeup_fd = -1
+
+    def __enter__(self) -> _LineReader:
+        for signum in self._stop_signals:
+            self._previous_handlers[signum] = signal.signal(signum, self._stop)
+        self._previous_wakeup_fd = signal.set_wakeup_fd(self._wake_write)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        signal.set_wakeup_fd(self._previous_wakeup_fd)
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+    def _stop(self, signum: int, frame: object) -> None:
+        self.stopped = True
+
+    @property
+    def done(self) -> bool:
+        return self.eof or self.stopped
+
+    def read(self, timeout_s: float | None) -> list[bytes]:
+        if self.done:
+            return []
+        ready, _, _ = select.select([self.fd, self._wake_read], [], [], timeout_s)
+        if self._wake_read in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_read, 512)
+        if self.fd not in ready:
+            return []
+        chunk = os.read(self.fd, self._read_bytes)
+        if not chunk:
+            self.eof = True
+            rest, self._partial = self._partial, b""
+            return [rest] if rest else []
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        return lines
+
+
+_EXIT_LINES_SKIPPED = 3
+_GC_THRESHOLD_OBJECTS = 200_000
+
+
+def _report_bad_lines(bad: list[BadLine], shown: int) -> int:
+    """Prints the first bad lines (a flood of them would hide everything else)."""
+    for line in bad:
+        if shown < _BAD_LINES_SHOWN_MAX:
+            err.print(
+                f"line {line.number}: skipped: {line.reason}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+        elif shown == _BAD_LINES_SHOWN_MAX:
+            err.print("more bad lines: only the count is shown from here", highlight=False)
+        shown += 1
+    return shown
+
+
+_BAD_LINES_SHOWN_MAX = 100
 
 
 @app.command()
@@ -510,38 +592,148 @@ def produce(
     hash_key_field: Annotated[
         str | None, typer.Option(help="route each log by the MD5 of this field")
     ] = None,
-    batch_size: Annotated[int, typer.Option(help="logs per PutLogs")] = 4096,
+    batch_size: Annotated[
+        int, typer.Option(help="logs per PutLogs: a full batch is sent at once", min=1, max=65536)
+    ] = 4096,
+    linger_ms: Annotated[
+        int, typer.Option(help="send a batch that is not full after this long", min=0)
+    ] = 100,
     time_field: Annotated[str, typer.Option(help="field holding unix seconds")] = "__time__",
+    retries: Annotated[
+        int, typer.Option(help="tries per batch on retryable errors (5xx, busy, quota)", min=1)
+    ] = 8,
+    progress: Annotated[
+        bool | None,
+        typer.Option(help="a progress line on stderr (default: when stderr is a terminal)"),
+    ] = None,
     endpoint: Endpoint = "127.0.0.1:8080",
     access_key_id: KeyId = "",
     access_key_secret: KeySecret = "",
 ) -> None:
-    """Send JSON lines from stdin to a logstore, in batches."""
-    sent = 0
-    with (
-        _client(endpoint, access_key_id, access_key_secret) as client,
-        Progress(
-            TextColumn("[bold]produce"),
-            BarColumn(),
-            TextColumn("{task.completed} logs"),
-            TimeElapsedColumn(),
-            console=err,
-            transient=False,
-            disable=not err.is_terminal,
-        ) as progress,
-    ):
-        task = progress.add_task("produce", total=None)
+    """Send JSON lines from stdin to a logstore, like kafka-console-producer.
+
+    A batch goes out when it holds --batch-size logs or --linger-ms after its first line, so
+    `tail -F app.log | loghub produce ...` delivers each line within about the linger time.
+    Bad lines (not a JSON object, a time that is not unix seconds) are reported with their
+    line numbers and skipped; the exit status is then 3. SIGTERM or SIGINT ends the input:
+    what was read is sent, then the command exits."""
+    # Every batch makes tens of thousands of short-lived objects and no cycles; the default
+    # collector thresholds would scan them again and again (a third of the time).
+    gc.set_threshold(_GC_THRESHOLD_OBJECTS)
+    policy = RetryPolicy(attempts_max=retries)
+    show_progress = err.is_terminal if progress is None else progress
+    with _client(endpoint, access_key_id, access_key_secret) as client:
         router = _Router(client, project, logstore) if hash_key_field else None
-        for batch in _batches(iter(sys.stdin), batch_size, time_field):
+
+        def send(batch: ParsedBatch) -> None:
             if router is not None:
-                assert hash_key_field is not None
-                keys = [md5_hash_key(contents.get(hash_key_field, "")) for _, contents in batch]
-                router.send(batch, keys)
+                router.send(batch)
             else:
-                client.put_log_group(project, logstore, make_log_group(batch))
-            sent += len(batch)
-            progress.update(task, completed=sent)
-    err.print(f"sent {sent} logs")
+                client.put_log_group(project, logstore, batch.group)
+
+        def on_retry(attempt: int, exc: BaseException, wait_s: float) -> None:
+            reason = " ".join(str(exc).split())
+            err.print(
+                f"retrying in {wait_s:.1f} s (try {attempt + 1} of {retries}): {reason}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+
+        sender: Sender[ParsedBatch] = Sender(send, policy, on_retry=on_retry)
+        ticker = _ProgressLine(sender) if show_progress else None
+        try:
+            with _LineReader(sys.stdin.fileno()) as reader:
+                skipped = _produce_lines(
+                    reader,
+                    sender,
+                    batch_size=batch_size,
+                    linger_s=linger_ms / 1000,
+                    time_field=time_field,
+                    hash_key_field=hash_key_field,
+                    ticker=ticker,
+                )
+        finally:
+            sender.close()
+            if ticker is not None:
+                ticker.done()
+    message = f"sent {sender.sent_logs} logs"
+    if skipped:
+        message += f", skipped {skipped} bad lines"
+    err.print(message, highlight=False, soft_wrap=True)
+    if skipped:
+        raise typer.Exit(_EXIT_LINES_SKIPPED)
+
+
+def _produce_lines(
+    reader: _LineReader,
+    sender: Sender[ParsedBatch],
+    *,
+    batch_size: int,
+    linger_s: float,
+    time_field: str,
+    hash_key_field: str | None,
+    ticker: _ProgressLine | None,
+) -> int:
+    """Reads until end of input, hands each batch to ``sender``; returns the lines skipped."""
+    pending: list[bytes] = []
+    next_number = 1  # of pending[0]
+    deadline = 0.0
+    skipped = 0
+
+    def flush(count: int) -> None:
+        nonlocal next_number, skipped
+        lines = pending[:count]
+        del pending[:count]
+        batch = parse_lines(lines, next_number, time_field, int(time.time()), hash_key_field)
+        next_number += len(lines)
+        skipped = _report_bad_lines(batch.bad, skipped)
+        if batch.count:
+            sender.submit(batch, batch.count)
+
+    while not reader.done:
+        timeout_s = None if not pending else max(0.0, deadline - time.monotonic())
+        if ticker is not None:
+            timeout_s = ticker.interval_s if timeout_s is None else min(timeout_s, 1.0)
+        lines = reader.read(timeout_s)
+        if lines and not pending:
+            deadline = time.monotonic() + linger_s
+        pending.extend(lines)
+        while len(pending) >= batch_size:
+            flush(batch_size)
+            deadline = time.monotonic() + linger_s
+        if pending and (reader.eof or time.monotonic() >= deadline):
+            flush(len(pending))
+        if ticker is not None:
+            ticker.tick()
+    if pending:  # stopped by a signal: what was read is sent all the same
+        flush(len(pending))
+    return skipped
+
+
+class _ProgressLine:
+    """One stderr line, rewritten in place about once a second: logs sent and the rate."""
+
+    interval_s = 1.0
+
+    def __init__(self, sender: Sender[ParsedBatch]) -> None:
+        self.sender = sender
+        self.started = self.shown = time.monotonic()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now - self.shown >= self.interval_s:
+            self.shown = now
+            self._show(now, "\r")
+
+    def done(self) -> None:
+        self._show(time.monotonic(), "\n")
+
+    def _show(self, now: float, end: str) -> None:
+        sent = self.sender.sent_logs
+        rate = sent / max(now - self.started, 1e-9)
+        sys.stderr.write(f"\rproduce: {sent} logs sent, {rate:,.0f} logs/s{end}")
+        sys.stderr.flush()
 
 
 def _log_lines(shard_id: int, cursor: str, result_groups: Any) -> Iterator[str]:
@@ -619,9 +811,64 @@ def demo(
     run_demo(data_dir, logs, with_pipeline=pipeline)
 
 
+_SQLALCHEMY_LINK = re.compile(r"\(Background on this error at: [^)]*\)")
+
+
+def error_hint(exc: BaseException) -> str:
+    """What to do about an expected failure, in a few words (empty when the message says
+    it all)."""
+    for kind, hint in _HINTS:
+        if isinstance(exc, kind):
+            return hint
+    if isinstance(exc, LogHubError) and exc.status is not None and exc.status >= 500:
+        request = f" (request id {exc.request_id})" if exc.request_id else ""
+        return f"the server failed{request}: see its log"
+    return ""
+
+
+_HINTS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...] = (
+    (TransportError, "is a LogHub server running there? check --endpoint or LOGHUB_ENDPOINT"),
+    (
+        (InvalidAccessKeyId, SignatureNotMatch, Unauthorized),
+        "check --access-key-id and --access-key-secret"
+        " (LOGHUB_ACCESS_KEY_ID, LOGHUB_ACCESS_KEY_SECRET)",
+    ),
+    (RequestTimeTooSkewed, "set this machine's clock right (or the server's)"),
+    (ProjectNotExist, "check --project, or create it: loghub project create NAME"),
+    (LogStoreNotExist, "check the name, or create it: loghub logstore create NAME -p PROJECT"),
+    (DatabaseError, "check --database-url (or --lease-url) and that the database server is up"),
+    ((ServerBusy, QuotaError), "the server is at a limit: try again later or more slowly"),
+    (StorageFull, "the server's disk is full: free space there"),
+    (PermissionError, "check the file's permissions"),
+)
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, LogHubError):
+        # a code means something only when it came over the wire
+        text = str(exc) if exc.status is not None else exc.message
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    text = _SQLALCHEMY_LINK.sub("", text)
+    text = " ".join(text.split())  # one line, whatever the message held
+    hint = error_hint(exc)
+    return f"error: {text}" + (f"; {hint}" if hint else "")
+
+
 def main() -> None:
+    """The `loghub` command: an expected failure prints one line and exits 1; with --debug
+    (or LOGHUB_DEBUG=1) its traceback follows. Anything else is a bug: one line too, and
+    --debug shows where."""
     try:
         app()
-    except LogHubError as exc:
-        err.print(f"error: {exc}")
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except Exception as exc:
+        if _debug["on"]:
+            err.print_exception()
+        expected = isinstance(exc, LogHubError | OSError)
+        line = _one_line(exc)
+        if not expected and not _debug["on"]:
+            line += " (an unexpected error: run with --debug for the traceback)"
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
         raise SystemExit(1) from None

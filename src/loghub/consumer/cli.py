@@ -35,7 +35,7 @@ from loghub.consumer.worker import ConsumerWorker, run_until_signal
 from loghub.errors import LogHubError
 from loghub.wire.proto import LogGroup
 
-__all__ = ["JsonLinesProcessor", "consume", "load_processor", "main"]
+__all__ = ["JsonLinesProcessor", "consume", "load_processor", "main", "set_debug"]
 
 # Writes to a pipe up to this size are atomic, so lines from several worker processes sharing
 # one stdout never interleave mid-line (a single line longer than this may).
@@ -117,6 +117,26 @@ def _write_all(data: bytes) -> None:
         view = view[os.write(1, view) :]
 
 
+_debug = {"on": os.environ.get("LOGHUB_DEBUG", "") not in ("", "0")}
+
+
+def set_debug(on: bool) -> None:
+    """``loghub --debug``: logged errors keep their tracebacks."""
+    _debug["on"] = on or _debug["on"]
+
+
+class _Formatter(logging.Formatter):
+    """Without --debug, a logged error is one line (its type and message): the worker logs
+    what failed, and a person reads the cause without pages of traceback."""
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802  # logging's name
+        if _debug["on"]:
+            return super().formatException(ei)
+        exc = ei[1]
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())
+        return f"  {text} (--debug shows the traceback)"
+
+
 def load_processor(spec: str) -> ProcessorFactory:
     """``module:Class`` (or ``module:function``) -> the factory it names."""
     module_name, _, attribute = spec.partition(":")
@@ -126,8 +146,10 @@ def load_processor(spec: str) -> ProcessorFactory:
     try:
         module = importlib.import_module(module_name)
         factory: Any = getattr(module, attribute)
-    except (ImportError, AttributeError) as exc:
-        raise typer.BadParameter(f"cannot load processor {spec!r}: {exc}") from exc
+    except Exception as exc:  # any failure of the module's own code, too: before any worker
+        raise typer.BadParameter(
+            f"cannot load processor {spec!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     if not callable(factory):
         raise typer.BadParameter(f"processor {spec!r} is not a class or function")
     return factory  # type: ignore[no-any-return]
@@ -198,9 +220,9 @@ def consume(
 ) -> None:
     """Consume a logstore with a consumer group: print its logs as JSON lines, or run a
     processor."""
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter("%(asctime)s %(name)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request drowns the rest
     if coordination not in ("server", "lease"):
         raise typer.BadParameter("--coordination must be server or lease")

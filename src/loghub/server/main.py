@@ -9,19 +9,22 @@ to it gets no HTTP answer (the TLS handshake fails and the connection is closed)
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
+import socket
 from typing import Any
 
+import sqlalchemy.exc
 import uvicorn
 
-from loghub.errors import ParameterInvalid
+from loghub.errors import DatabaseError, ParameterInvalid
 from loghub.server.app import build_app
 from loghub.server.config import ServerConfig, is_loopback_host
 from loghub.server.http_protocol import bounded_protocol
 from loghub.server.memory import return_large_buffers_to_os
 
-__all__ = ["check_bind", "check_tls", "serve", "uvicorn_config"]
+__all__ = ["bind_listener", "check_bind", "check_tls", "serve", "uvicorn_config"]
 
 log = logging.getLogger("loghub.server")
 
@@ -53,8 +56,16 @@ def serve(config: ServerConfig) -> None:
     timeouts and its connection cap (``http_protocol.py``)."""
     check_bind(config)
     check_tls(config)
+    listener = bind_listener(config.host, config.port)
     return_large_buffers_to_os()
-    app = build_app(config)
+    try:
+        app = build_app(config)
+    except sqlalchemy.exc.SQLAlchemyError as exc:
+        listener.close()
+        raise DatabaseError(f"metadata database: {exc}") from exc
+    except BaseException:
+        listener.close()
+        raise
     log.info(
         "LogHub serving %s on %s://%s:%d (auth %s, fsync %s)",
         config.data_dir,
@@ -64,7 +75,29 @@ def serve(config: ServerConfig) -> None:
         "on" if config.auth_enabled else "off",
         config.fsync_policy,
     )
-    uvicorn.Server(uvicorn_config(app, config)).run()
+    uvicorn.Server(uvicorn_config(app, config)).run(sockets=[listener])
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything says "serving": a port in use is one
+    clear error at start-up instead of uvicorn's log line after the server claimed to run.
+    Options as uvicorn's own (address reuse for a quick restart after TIME_WAIT)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+        listener.listen(2048)
+    except OSError as exc:
+        listener.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ParameterInvalid(
+                f"cannot listen on {host}:{port}: address already in use by another process;"
+                " stop it, or choose another --port"
+            ) from None
+        raise ParameterInvalid(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    listener.set_inheritable(True)
+    return listener
 
 
 def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
