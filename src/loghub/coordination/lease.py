@@ -253,7 +253,9 @@ class LeaseTaker:
             else:
                 holders[shard_id] = lease.lease_owner
         live = sorted({h for h in holders.values() if h is not None} | set(extra_live) | {me})
-        target = targets(live, holders, prefer=me)[me]
+        # Free and expired leases by targets that every worker computes alike, so workers taking
+        # a dead one's leases at once share them out; ties favour this worker only for steals.
+        target = targets(live, holders, prefer=None if not steal else me)[me]
         need = target - sum(1 for holder in holders.values() if holder == me)
         if need <= 0:
             return TakePlan(target=target)
