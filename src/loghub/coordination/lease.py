@@ -111,7 +111,8 @@ class LeaseStore(Protocol):
 
     Errors: a store that cannot reach its database raises ``DatabaseError``; nothing else.
     Stores stamp ``created_at``/``heartbeat_at``/``updated_at`` with their own wall clock, for
-    monitoring and for the start-up estimate in ``recent_workers`` only.
+    monitoring and for ``recent_workers`` only (which workers count as live before they hold
+    a lease; never whether a lease has expired).
     """
 
     def register_worker(self, worker_name: str) -> None:
