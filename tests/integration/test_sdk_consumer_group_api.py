@@ -61,6 +61,8 @@ def test_heartbeat_and_checkpoints(sdk: LogClient) -> None:
     assert one[0]["updateTime"] / 1e6 >= before - 1
     every = sdk.get_check_point(PROJECT, LOGSTORE, "cg-b").get_consumer_group_check_points()
     assert [(c["shard"], c["checkpoint"]) for c in every] == [(0, "Mw=="), (1, "MA==")]
+    # "consumer" names the owner: c1 wrote shard 1's checkpoint, but c2 holds it now.
+    assert [(c["shard"], c["consumer"]) for c in every] == [(0, "c1"), (1, "c2")]
     fixed = sdk.get_check_point_fixed(PROJECT, LOGSTORE, "cg-b", 0)
     assert fixed.get_consumer_group_check_points()[0]["checkpoint_previous_cursor_time"] > 0
     assert sdk.get_check_point(PROJECT, LOGSTORE, "cg-b", 7).get_consumer_group_check_points() == []
@@ -74,7 +76,7 @@ def test_checkpoint_fencing_and_bad_checkpoints(sdk: LogClient) -> None:
     assert fenced.value.get_error_code() == "ConsumerNotMatch"
     sdk.update_check_point(PROJECT, LOGSTORE, "cg-c", 0, "MQ==", "intruder", True)  # forced
     empty = sdk.get_check_point(PROJECT, LOGSTORE, "cg-c", 1).get_consumer_group_check_points()
-    assert empty == [{"shard": 1, "checkpoint": "", "updateTime": 0, "consumer": ""}]
+    assert empty == [{"shard": 1, "checkpoint": "", "updateTime": 0, "consumer": "owner"}]
     for bad in ("not base64!", "OTk5OTk="):  # undecodable, past the end
         with pytest.raises(LogException) as invalid:
             sdk.update_check_point(PROJECT, LOGSTORE, "cg-c", 0, bad, "owner")

@@ -17,6 +17,7 @@ from loghub.coordination.lease import (
     LeaseRenewer,
     LeaseState,
     LeaseStore,
+    renews_per_lease_timeout,
 )
 from loghub.testing.lease_sim import (
     CoordinatorFactory,
@@ -88,3 +89,41 @@ def test_a_seed_replays_exactly() -> None:
     second.run(300)
     assert first.inner.list_leases() == second.inner.list_leases()
     assert first.delivered_upto == second.delivered_upto
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_a_crashed_workers_shards_are_consumed_again_within_a_timeout_two_renews_and_a_step(
+    seed: int,
+) -> None:
+    """Survivors take expired leases at every renew, not at their next taker round (every
+    two timeouts). The bound has a second renew: each survivor takes only its share, judged
+    from its own last reading of the table, so with many workers a last shard may wait for
+    the next renew of a survivor still short of its share. (With 4 workers on 16 shards, in
+    ``tests/integration/test_lease_balance.py``, one renew is enough.)"""
+    simulation = LeaseSimulation(seed)
+    simulation.set_faults(False)
+    assert simulation.settle(2_000), f"LOGHUB_SEED={seed}"
+    config = simulation.config
+    bound_ms = (
+        config.lease_timeout_ms
+        + 2 * (config.lease_timeout_ms // renews_per_lease_timeout)
+        + config.step_ms
+    )
+    victim = sorted(simulation.workers)[0]
+    held = [r.shard_id for r in simulation.inner.list_leases() if r.lease_owner == victim]
+    simulation.crash(victim)
+    crashed_ms = simulation.clock.monotonic_ms()
+
+    def orphaned() -> list[int]:
+        """The victim's shards that no live worker consumes yet."""
+        records = [simulation.inner.get_lease(s) for s in held]
+        return [
+            r.shard_id
+            for r in records
+            if r is not None and r.consumer_owner not in simulation.workers
+        ]
+
+    while orphaned():
+        elapsed_ms = simulation.clock.monotonic_ms() - crashed_ms
+        assert elapsed_ms <= bound_ms, f"{orphaned()} after {elapsed_ms} ms, LOGHUB_SEED={seed}"
+        simulation.step()

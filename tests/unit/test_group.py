@@ -83,7 +83,7 @@ def test_a_granted_shard_not_listed_yet_is_kept_granted() -> None:
     g, shards = group(), flat(3)
     assert g.heartbeat("a", [], shards, 0) == [0, 1, 2]
     assert g.heartbeat("a", [0], shards, 1000) == [0, 1, 2]
-    assert g.heartbeat("a", [], shards, 1900) == [0, 1, 2]
+    assert g.heartbeat("a", [0], shards, 1900) == [0, 1, 2]
 
 
 def test_three_consumers_on_eight_shards_hold_three_three_two() -> None:
@@ -358,3 +358,17 @@ def test_limits_raise_parameter_invalid() -> None:
         ConsumerGroup("g", timeout_ms_max + 1, False, 0)
     with pytest.raises(ParameterInvalid):
         g.update(1, timeout_ms=-5)
+
+
+def test_a_consumer_that_reports_nothing_after_a_grant_has_left_and_its_shards_move_at_once() -> (
+    None
+):
+    g = group()
+    shards = flat(4)
+    settle(g, {"a": [], "b": []}, shards, now_ms=0)
+    assert len(g.assignments()["a"]) == 2
+    # a stopped its shards and wrote their checkpoints: its leave reports nothing.
+    assert g.heartbeat("a", [], shards, now_ms=10) == []
+    assert "a" not in g.assignments()
+    b_held = g.heartbeat("b", g.assignments()["b"], shards, now_ms=20)
+    assert b_held == [0, 1, 2, 3]  # long before the timeout

@@ -18,7 +18,6 @@ from loghub.coordination.lease import (
     LeaseState,
     LeaseTaker,
     observe,
-    steal_counts,
 )
 from loghub.errors import DatabaseError, IllegalTransition, LeaseLostError, ParameterInvalid
 from loghub.testing.clock import FakeClock
@@ -118,30 +117,17 @@ def test_free_and_expired_leases_are_taken_before_any_steal() -> None:
     assert [lease.lease_owner for lease in plan.steal] == ["a"]
 
 
-def test_steal_counts_level_the_most_loaded_workers() -> None:
-    assert steal_counts({"a": 32, "b": 32}, 8) == {"a": 4, "b": 4}
-    # Average left to the top three: (28 - 3) / 3 = 8.3 >= 2; they end at 9, 8, 8.
-    assert steal_counts({"a": 10, "b": 9, "c": 9, "d": 2}, 3) == {"a": 1, "b": 1, "c": 1}
-    # Taking 2 from the top one leaves it at 4, still >= what the next holds.
-    assert steal_counts({"a": 6, "b": 4, "c": 4}, 2) == {"a": 2}
-    assert steal_counts({"a": 3, "b": 1}, 10) == {"a": 3, "b": 1}
-    assert steal_counts({"a": 3}, 0) == {}
-
-
-@given(
-    st.dictionaries(st.sampled_from("abcdefgh"), st.integers(0, 64), min_size=1),
-    st.integers(1, 64),
-)
-def test_steal_counts_take_exactly_what_is_needed_and_end_within_one(
-    holdings: dict[str, int], need: int
-) -> None:
-    need = min(need, sum(holdings.values()))
-    plan = steal_counts(holdings, need)
-    assert sum(plan.values()) == need
-    assert all(0 < plan[worker] <= holdings[worker] for worker in plan)
-    final = {worker: count - plan.get(worker, 0) for worker, count in holdings.items()}
-    if plan:  # those who gave end within 1 of the most loaded afterwards
-        assert max(final.values()) - min(final[worker] for worker in plan) <= 1
+def test_two_thieves_seeing_the_same_table_steal_different_leases() -> None:
+    """Targets and steals come from ``balance``: every worker that sees the same table
+    computes the same moves, so thieves starting together do not race for one lease."""
+    leases = _leases(*["a"] * 16)
+    plans = [
+        LeaseTaker(name, TIMEOUT_MS).plan(leases, range(16), (), 0, ["a", "b", "c", "d"])
+        for name in ("b", "c", "d")
+    ]
+    stolen = [{lease.shard_id for lease in plan.steal} for plan in plans]
+    assert [len(shards) for shards in stolen] == [4, 4, 4]
+    assert len(stolen[0] | stolen[1] | stolen[2]) == 12
 
 
 def test_no_steal_when_the_group_is_already_within_one() -> None:
@@ -426,3 +412,67 @@ def test_a_consuming_lease_never_goes_back_to_waiting() -> None:
         held.transition_to(LeaseState.WAITING)
     with pytest.raises(IllegalTransition):
         held.transition_to(LeaseState.CONSUMING)
+
+
+# -- no idle waits -----------------------------------------------------------------------------
+
+
+def _tick_by_decisions(worker: LeaseCoordinator, clock: FakeClock, shards: list[int]) -> None:
+    """One step of a worker that sleeps exactly until ``next_tick_ms``, as the library does."""
+    decisions = worker.tick(shards)
+    assert decisions.next_tick_ms > clock.monotonic_ms(), "nothing left due after a tick"
+    clock.advance(decisions.next_tick_ms - clock.monotonic_ms())
+
+
+def test_a_killed_workers_shards_move_within_one_lease_timeout_and_one_renew() -> None:
+    group = _Group(shards=8)
+    a = group.start("a")
+    b = group.start("b")
+    group.run(3 * TIMEOUT_MS)
+    assert _owners(group.store) == {"a": 4, "b": 4}
+    b.tick(group.shards)  # b's last renew: it dies right after
+    killed_at_ms = group.clock.monotonic_ms()
+    del group.workers["b"]
+    while _owners(group.store)["a"] < 8:
+        assert group.clock.monotonic_ms() - killed_at_ms <= TIMEOUT_MS + RENEW_MS
+        _tick_by_decisions(a, group.clock, group.shards)
+    assert a.tick(group.shards).consuming == tuple(range(8))
+
+
+def test_children_of_a_finished_parent_are_taken_at_the_tick_that_lists_them() -> None:
+    group = _Group(shards=2)
+    a = group.start("a")
+    group.start("b")
+    group.run(TIMEOUT_MS)
+    decisions = a.tick([0, 1])
+    parent = decisions.consuming[0]
+    # The parent is finished: the caller drops it and lists its two children instead.
+    children = [5, 6]
+    shards = [s for s in (0, 1) if s != parent] + children
+    decisions = a.tick(shards)  # no time has passed: no renew, no taker round is due
+    assert set(children) <= set(decisions.start)
+    assert parent in decisions.stop
+
+
+class _RivalFirstStore(MemoryLeaseStore):
+    """Another worker ("x") wins the lease that this store's first compare-and-set is for."""
+
+    raced = False
+
+    def compare_and_set(
+        self, shard_id: int, seen_counter: int, lease_owner: str, consumer_owner: str | None
+    ) -> bool:
+        if not self.raced:
+            self.raced = True
+            assert super().compare_and_set(shard_id, seen_counter, "x", "x")
+        return super().compare_and_set(shard_id, seen_counter, lease_owner, consumer_owner)
+
+
+def test_a_taker_that_loses_a_race_plans_again_at_once() -> None:
+    clock = FakeClock()
+    store = _RivalFirstStore(clock)
+    store.register_worker("x")
+    b = LeaseCoordinator(store, clock, "b", lease_timeout_ms=TIMEOUT_MS)
+    decisions = b.start(range(4))
+    assert len(decisions.consuming) == 2  # not 1 until the next taker round
+    assert _owners(store) == {"b": 2, "x": 1, "": 1}

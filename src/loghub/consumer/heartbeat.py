@@ -169,11 +169,26 @@ class HeartbeatAssignment:
             self._shared.finished_at_ms[shard_id] = now_ms
 
     def shutdown(self) -> None:
-        """Stop heartbeating. The protocol has no "leave": the server hands this worker's
-        shards on once it has been silent for the group's timeout."""
+        """Stop heartbeating, then leave: one heartbeat that reports no shard tells the server
+        (LogHub, and the hosted service alike) that this worker let go of everything it was
+        granted, so its shards move at the others' next heartbeat instead of after the
+        group's timeout. Sent only when no shard runs here any more (the worker stopped every
+        shard and wrote its checkpoints); otherwise, and when it fails, the timeout does it."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        with self._lock:
+            idle = not self._shared.held
+            granted = bool(self._shared.granted)
+        if not idle or not granted:
+            return
+        config = self._config
+        try:
+            self._client.heartbeat(
+                config.project, config.logstore, config.group, config.worker_name, []
+            )
+        except LogHubError as exc:
+            logger.info("%s: leave not sent: %s", config.worker_name, exc)
 
     def statistics(self) -> HeartbeatStatistics:
         with self._lock:

@@ -10,6 +10,12 @@ the most. Every needed move is planned in one round (a new consumer should not w
 heartbeat per shard), taking from the most loaded first. The result depends only on the
 inputs: ties break by name and shard id, so every server and every simulation agree.
 
+``prefer`` names the consumer that plans for itself (a lease-mode worker's taker round): ties
+for the extra slot break in its favour. A worker that has its round
+after another's then fills the gap itself, instead of planning it for a worker whose
+round is over. Which shards each consumer receives does not depend on ``prefer``, so thieves
+planning at once from the same view reach for different shards.
+
 Pure functions; thread-safe.
 """
 
@@ -31,17 +37,21 @@ def loads(consumers: Sequence[str], holders: Mapping[int, str | None]) -> dict[s
     return owned
 
 
-def targets(consumers: Sequence[str], holders: Mapping[int, str | None]) -> dict[str, int]:
+def targets(
+    consumers: Sequence[str], holders: Mapping[int, str | None], prefer: str | None = None
+) -> dict[str, int]:
     """How many shards each consumer should hold: ``len(holders) // len(consumers)``, plus one
     for the ``len(holders) % len(consumers)`` consumers that hold the most now (ties: by name),
     so that the fewest shards move."""
     assert len(set(consumers)) == len(consumers), "consumer names are unique"
     if not consumers:
         return {}
-    return _targets(loads(consumers, holders), len(holders))
+    return _targets(loads(consumers, holders), len(holders), prefer)
 
 
-def plan_moves(consumers: Sequence[str], holders: Mapping[int, str | None]) -> dict[int, str]:
+def plan_moves(
+    consumers: Sequence[str], holders: Mapping[int, str | None], prefer: str | None = None
+) -> dict[int, str]:
     """The shards that must change hands, and their new holders.
 
     ``holders`` maps every shard to balance to its holder (None when nobody holds it).
@@ -54,7 +64,7 @@ def plan_moves(consumers: Sequence[str], holders: Mapping[int, str | None]) -> d
         return {}
     assert len(set(consumers)) == len(consumers), "consumer names are unique"
     owned = loads(consumers, holders)
-    goal = _targets(owned, len(holders))
+    goal = _targets(owned, len(holders), prefer)
     live = set(consumers)
     pool = [s for s in sorted(holders) if holders[s] is None or holders[s] not in live]
     for consumer in sorted(consumers, key=lambda c: (-len(owned[c]), c)):
@@ -70,9 +80,9 @@ def plan_moves(consumers: Sequence[str], holders: Mapping[int, str | None]) -> d
     return moves
 
 
-def _targets(owned: dict[str, list[int]], shard_count: int) -> dict[str, int]:
+def _targets(owned: dict[str, list[int]], shard_count: int, prefer: str | None) -> dict[str, int]:
     base, extra = divmod(shard_count, len(owned))
-    ranked = sorted(owned, key=lambda consumer: (-len(owned[consumer]), consumer))
+    ranked = sorted(owned, key=lambda c: (-len(owned[c]), c != prefer, c))
     return {consumer: base + (1 if rank < extra else 0) for rank, consumer in enumerate(ranked)}
 
 

@@ -16,6 +16,11 @@ can drive it through crashes, pauses, lost heartbeats, splits and merges:
 - A consumer silent for longer than the timeout is gone. The SDK gives up its shards on its
   own once it has not heartbeated successfully for that long, measured from the send time, so
   it has stopped before the server hands its shards on.
+- A consumer that reported shards and was granted some, and now reports none, has let go of
+  them all (the SDK reports every shard granted until it has stopped it): it is leaving, so
+  it is removed at once, as if silent for the timeout, and its shards go to the others at
+  their next heartbeat. A consumer that heartbeats again afterwards joins anew. (An empty
+  report after an empty one is a consumer that never received its grant: it keeps it.)
 - After a server restart (``recovering=True``) the assignments are lost. For one timeout the
   group only adopts what consumers report, and grants nothing new: by then every live
   consumer has reported what it holds, or has given it up.
@@ -154,6 +159,9 @@ class ConsumerGroup:
             raise ParameterInvalid(f"a consumer group spans at most {shards_per_group_max} shards")
         self.expire(now_ms)
         entry = self._consumers.get(consumer)
+        if entry is not None and not reported and entry.reported and entry.last_reply:
+            self._remove({consumer})  # a leave: see the module docstring
+            return []
         if entry is None:
             if len(self._consumers) >= consumers_per_group_max:
                 raise ParameterInvalid(
@@ -199,8 +207,13 @@ class ConsumerGroup:
             for name, entry in self._consumers.items()
             if now_ms - entry.last_seen_ms > self._timeout_ms
         }
-        if not gone:
-            return []
+        if gone:
+            self._remove(gone)
+        return sorted(gone)
+
+    def _remove(self, gone: set[str]) -> None:
+        """Their shards go back to the pool; a hand-off to one of them goes back to the old
+        holder."""
         for name in gone:
             del self._consumers[name]
         for slot in self._slots.values():
@@ -210,7 +223,6 @@ class ConsumerGroup:
                 slot.transition_to(ShardState.NOT_ALLOC)  # 9
             elif slot.state is ShardState.TRANSFER and slot.next_consumer in gone:
                 slot.transition_to(ShardState.ALREADY_ALLOC, holder=slot.holder)  # 6, back
-        return sorted(gone)
 
     def assignments(self) -> dict[str, list[int]]:
         """Each live consumer's granted shards (``already_alloc``), sorted."""
@@ -220,6 +232,17 @@ class ConsumerGroup:
             if slot.state is ShardState.ALREADY_ALLOC and slot.holder is not None:
                 granted[slot.holder].append(shard_id)
         return granted
+
+    def owners(self) -> dict[int, str]:
+        """Who holds each held shard: the holder while ``already_alloc``, and during a
+        ``transfer`` still the old holder (it consumes until it lets go). What the SDK's
+        checkpoint "consumer" field shows."""
+        return {
+            shard_id: slot.holder
+            for shard_id, slot in sorted(self._slots.items())
+            if slot.state in (ShardState.ALREADY_ALLOC, ShardState.TRANSFER)
+            and slot.holder is not None
+        }
 
     def shard_states(self) -> dict[int, ShardState]:
         return {shard_id: self._slots[shard_id].state for shard_id in sorted(self._slots)}

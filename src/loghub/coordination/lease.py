@@ -10,10 +10,10 @@ Roles, as in the Kinesis Client Library:
 - ``Lease``: a lease row as this worker observed it, with the local monotonic time at which it
   first saw that counter. ``is_expired(now_ms, lease_timeout_ms)`` is judged from that local
   observation only: no other machine's clock is ever trusted.
-- ``LeaseTaker``: one taker round as a pure plan (``plan``): target = ceil(consumable shards /
-  live workers) (the floor once the ceiling's places are filled, see ``_target``); take free
-  and expired leases first, then steal the rest in one round from the most loaded workers
-  (``steal_counts``).
+- ``LeaseTaker``: one taker round as a pure plan (``plan``): targets from ``balance.targets``
+  (shards // live workers, plus one for the ``shards % live`` workers holding the most), so
+  the server's consumer group and this protocol balance alike; take free and expired leases
+  first, then steal the rest in one round, as ``balance.plan_moves`` says.
 - ``LeaseRenewer``: the leases this worker holds; bumps their counters, hands consumption over
   to itself once a stolen lease's wait is over, and reports leases lost to a compare-and-set.
 - ``LeaseCoordinator``: what a consumer library drives: ``start`` then ``tick`` from its loop,
@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from loghub._clock import Clock
+from loghub.coordination.balance import plan_moves, targets
 from loghub.errors import DatabaseError, IllegalTransition, LeaseLostError, ParameterInvalid
 
 __all__ = [
@@ -67,7 +68,7 @@ __all__ = [
     "observe",
     "renews_per_lease_timeout",
     "shards_per_group_max",
-    "steal_counts",
+    "take_attempts_max",
     "taker_interval_lease_timeouts",
     "worker_name_length_max",
 ]
@@ -81,6 +82,10 @@ taker_interval_lease_timeouts = 2
 # ... and the renewer more often than every lease timeout / 2: three times, so a lease
 # survives two failed renews in a row.
 renews_per_lease_timeout = 3
+# A taker round that loses a compare-and-set (another worker wrote the lease first) reads the
+# table again and plans again at once, at most this many times in all, instead of waiting a
+# whole taker round short of its share.
+take_attempts_max = 3
 # At the limit ``tick`` raises ParameterInvalid: the caller passed more shards than a group
 # can hold (a logstore has at most 4096 shard ids ever).
 shards_per_group_max = 4096
@@ -106,7 +111,8 @@ class LeaseStore(Protocol):
 
     Errors: a store that cannot reach its database raises ``DatabaseError``; nothing else.
     Stores stamp ``created_at``/``heartbeat_at``/``updated_at`` with their own wall clock, for
-    monitoring and for the start-up estimate in ``recent_workers`` only.
+    monitoring and for ``recent_workers`` only (which workers count as live before they hold
+    a lease; never whether a lease has expired).
     """
 
     def register_worker(self, worker_name: str) -> None:
@@ -182,35 +188,6 @@ def observe(
     return observed
 
 
-def steal_counts(holdings: Mapping[str, int], need: int) -> dict[str, int]:
-    """How many leases to steal from each worker, to get ``need`` in one round.
-
-    The spec's rule: order workers by how many they hold, most first; pick the first K such
-    that the average left to them after giving up ``need`` is still at least what worker K+1
-    holds; take from each of them enough that it ends within 1 of that average (the most loaded
-    keep the remainder). Nobody gives more than it has; workers not listed give nothing.
-    """
-    assert need >= 0 and all(count >= 0 for count in holdings.values()), (holdings, need)
-    order = sorted(holdings.items(), key=lambda item: (-item[1], item[0]))
-    if need == 0 or not order:
-        return {}
-    total = 0
-    chosen = 0
-    for chosen, (_, count) in enumerate(order, start=1):
-        total += count
-        next_count = order[chosen][1] if chosen < len(order) else 0
-        if total - need >= next_count * chosen:
-            break
-    left_base, left_extra = divmod(max(total - need, 0), chosen)
-    plan = {}
-    for index, (worker, count) in enumerate(order[:chosen]):
-        left = left_base + (1 if index < left_extra else 0)
-        assert left <= count, (holdings, need)
-        if count > left:
-            plan[worker] = count - left
-    return plan
-
-
 @dataclass(frozen=True)
 class TakePlan:
     """One taker round. ``take``: free, expired or this worker's own orphaned leases;
@@ -245,66 +222,59 @@ class LeaseTaker:
         held: Collection[int],
         now_ms: int,
         extra_live: Collection[str] = (),
+        *,
+        steal: bool = True,
     ) -> TakePlan:
         """Pure: which leases to take and steal, given the observations, the consumable shards,
-        the shards this worker holds, and (at the first round) workers known live otherwise."""
+        the shards this worker holds, and workers known live otherwise (registered and
+        heartbeating, but holding nothing yet). ``steal`` False plans only the take of free
+        and expired leases (the quick round run at every renew).
+
+        Targets and steals come from ``balance`` (the one balancer both modes share): free
+        and expired leases are taken first, up to this worker's target; then the shards that
+        ``balance.plan_moves`` gives this worker are stolen. Workers that see the same table
+        compute the same moves, so two thieves rarely reach for the same lease.
+        """
         me = self.worker_name
+        holders: dict[int, str | None] = {}
         available: list[Lease] = []
-        theirs: dict[str, list[Lease]] = {}
-        consumable = [leases[shard] for shard in shard_ids if shard in leases]
-        for lease in consumable:
-            if lease.shard_id in held:
+        for shard_id in shard_ids:
+            lease = leases.get(shard_id)
+            if lease is None:
                 continue
-            expired = lease.is_expired(now_ms, self.lease_timeout_ms)
-            if lease.is_free() or lease.lease_owner == me or expired:
+            if shard_id in held:
+                holders[shard_id] = me
+            elif (
+                lease.is_free()
+                or lease.is_expired(now_ms, self.lease_timeout_ms)
+                or lease.lease_owner == me  # a write of ours that we believed lost
+            ):
+                holders[shard_id] = None
                 available.append(lease)
             else:
-                theirs.setdefault(lease.lease_owner, []).append(lease)
-        live = set(theirs) | set(extra_live) | {me}
-        holdings = {worker: len(leases_) for worker, leases_ in theirs.items()}
-        target = _target(len(consumable), len(live), holdings)
-        mine = sum(1 for lease in consumable if lease.shard_id in held)
-        need = target - mine
+                holders[shard_id] = lease.lease_owner
+        live = sorted({h for h in holders.values() if h is not None} | set(extra_live) | {me})
+        # Free and expired leases by targets that every worker computes alike, so workers taking
+        # a dead one's leases at once share them out; ties favour this worker only for steals.
+        target = targets(live, holders, prefer=None if not steal else me)[me]
+        need = target - sum(1 for holder in holders.values() if holder == me)
         if need <= 0:
             return TakePlan(target=target)
-        # Own orphans first (a write of ours that we believed lost), then a spread order.
+        # Own orphans first, then a spread order.
         available.sort(key=lambda lease: (lease.lease_owner != me, _spread_key(me, lease.shard_id)))
-        take = tuple(available[:need])
-        need -= len(take)
-        # Steal only when it improves balance: at most 1 apart is already balanced.
-        if need == 0 or not holdings or max(holdings.values()) <= mine + len(take) + 1:
-            return TakePlan(take=take, target=target)
-        counts = steal_counts(holdings, need)
+        take = available[:need]
+        if not steal:
+            return TakePlan(take=tuple(take), target=target)
+        after = dict(holders) | {lease.shard_id: me for lease in take}
+        moves = [
+            shard for shard, worker in plan_moves(live, after, prefer=me).items() if worker == me
+        ]
+        take.extend(leases[shard] for shard in moves if after[shard] is None)
+        stolen = [leases[shard] for shard in moves if after[shard] is not None]
         if self.steal_max_per_round is not None:
-            counts = _truncate(counts, holdings, self.steal_max_per_round)
-        steal: list[Lease] = []
-        for worker, count in sorted(counts.items()):
-            victims = sorted(theirs[worker], key=lambda lease: _spread_key(me, lease.shard_id))
-            steal.extend(victims[:count])
-        return TakePlan(take=take, steal=tuple(steal), target=target)
-
-
-def _target(shard_count: int, live_count: int, holdings: Mapping[str, int]) -> int:
-    """The spec's ceil(shards / live workers), except that when it does not divide evenly only
-    ``shards % live`` workers can hold the ceiling: once others fill those places, the floor.
-    Without this, the first workers to take the leases of a dead one each fill up to the
-    ceiling, and the last one must steal, which costs another lease timeout."""
-    floor, ceiling_places = divmod(shard_count, live_count)
-    if ceiling_places == 0:
-        return floor
-    at_ceiling = sum(1 for count in holdings.values() if count > floor)
-    return floor + 1 if at_ceiling < ceiling_places else floor
-
-
-def _truncate(counts: Mapping[str, int], holdings: Mapping[str, int], limit: int) -> dict[str, int]:
-    """At most ``limit`` leases in all, from the most loaded workers first."""
-    kept: dict[str, int] = {}
-    for worker in sorted(counts, key=lambda name: (-holdings[name], name)):
-        if limit == 0:
-            break
-        kept[worker] = min(counts[worker], limit)
-        limit -= kept[worker]
-    return kept
+            stolen = stolen[: self.steal_max_per_round]  # most loaded first: the moves' order
+        target = max(target, targets(live, after, prefer=me)[me])
+        return TakePlan(take=tuple(take), steal=tuple(stolen), target=target)
 
 
 class LeaseState(enum.Enum):
@@ -460,6 +430,8 @@ class _Schedule:
     next_renew_ms: int = 0
     next_take_ms: int = 0
     wanted: frozenset[int] = field(default_factory=frozenset)
+    members: frozenset[str] = field(default_factory=frozenset)  # registered, heartbeating
+    last_tick_ms: int = 0
 
 
 class LeaseCoordinator:
@@ -495,6 +467,9 @@ class LeaseCoordinator:
         self.lease_timeout_ms = lease_timeout_ms
         self.taker_interval_ms = taker_interval_lease_timeouts * lease_timeout_ms
         self.renew_interval_ms = lease_timeout_ms // renews_per_lease_timeout
+        # A live worker heartbeats at every renew, so two renew intervals cover it; a dead one
+        # drops out before its leases look expired, so nobody keeps a place for it.
+        self.member_window_ms = 2 * self.renew_interval_ms
         self.taker = LeaseTaker(worker_name, lease_timeout_ms, steal_max_per_round)
         self.renewer = LeaseRenewer(store, worker_name, lease_timeout_ms)
         self._observed: dict[int, Lease] = {}
@@ -518,27 +493,50 @@ class LeaseCoordinator:
         for lease in sorted(self._observed.values(), key=lambda lease: lease.shard_id):
             if lease.lease_owner == self.worker_name and lease.shard_id in wanted:
                 self.renewer.acquire(lease, now_ms, stolen=False)
-        recent = self.store.recent_workers(self.lease_timeout_ms)
+        recent = frozenset(self.store.recent_workers(self.member_window_ms))
+        self._schedule.members = recent
+        self._schedule.last_tick_ms = now_ms
         self._started = True
-        self._take_round(wanted, extra_live=recent)
+        self._take_round(wanted, extra_live=recent, steal=True)
         self._schedule.next_renew_ms = now_ms + self.renew_interval_ms
         self._schedule.next_take_ms = now_ms + self.taker_interval_ms
         return self._decide(wanted)
 
     def tick(self, shard_ids: Collection[int]) -> Decisions:
-        """Run the renew and taker rounds that are due; store errors are counted, not raised
-        (a lease survives two failed renews; after that it is stopped until a renew wins)."""
+        """Run the rounds that are due; store errors are counted, not raised (a lease survives
+        two failed renews; after that it is stopped until a renew wins).
+
+        No shard waits for a taker round when it need not: at every renew, free and expired
+        leases are taken (a dead worker's shards move within a lease timeout plus a renew);
+        shards new to ``shard_ids`` (children of a finished parent) are taken at this very
+        tick; and a worker that has just registered makes everyone run a whole taker round
+        (steals included) at their next renew, so a group that starts together balances in
+        one round plus the thieves' wait of one lease timeout."""
         assert self._started, "call start first"
-        wanted = self._wanted(shard_ids)
         schedule = self._schedule
+        new = frozenset(shard_ids) - schedule.wanted
+        grew = bool(new)
+        wanted = self._wanted(shard_ids)
         now_ms = self.clock.monotonic_ms()
-        if now_ms >= schedule.next_renew_ms:
+        renew_due = now_ms >= schedule.next_renew_ms
+        expiry_due = self._next_expiry_ms(wanted, schedule.last_tick_ms) <= now_ms
+        schedule.last_tick_ms = now_ms
+        if renew_due:
             self._renew_round()
             schedule.next_renew_ms = now_ms + self.renew_interval_ms
-            fresh = self._try_refresh(wanted)
-            if fresh and now_ms >= schedule.next_take_ms:
-                self._take_round(wanted, extra_live=())
+        take_due = now_ms >= schedule.next_take_ms
+        fresh = (renew_due or grew or take_due) and self._try_refresh(wanted)
+        if fresh and grew:
+            self._take_new(new)
+        if fresh or expiry_due:
+            members = self._try_members()
+            joined = members is not None and not members <= schedule.members
+            full = take_due or joined
+            self._take_round(wanted, extra_live=members or schedule.members, steal=full)
+            if full:
                 schedule.next_take_ms = now_ms + self.taker_interval_ms
+            if members is not None:
+                schedule.members = members
         self._release_unwanted(wanted)
         return self._decide(wanted)
 
@@ -611,6 +609,13 @@ class LeaseCoordinator:
             return False
         return True
 
+    def _try_members(self) -> frozenset[str] | None:
+        try:
+            return frozenset(self.store.recent_workers(self.member_window_ms))
+        except DatabaseError:
+            self._counters.store_errors += 1
+            return None
+
     def _renew_round(self) -> None:
         self._counters.renew_rounds += 1
         lost = self.renewer.renew_all(self.clock)
@@ -620,20 +625,46 @@ class LeaseCoordinator:
         except DatabaseError:
             self._counters.store_errors += 1
 
-    def _take_round(self, wanted: frozenset[int], extra_live: Collection[str]) -> None:
+    def _take_round(
+        self, wanted: frozenset[int], extra_live: Collection[str], *, steal: bool
+    ) -> None:
+        """One round (``steal`` False: free and expired leases only). A lost compare-and-set
+        means our view is stale: read the table and plan again at once, up to
+        ``take_attempts_max`` plans in all."""
         self._counters.taker_rounds += 1
-        now_ms = self.clock.monotonic_ms()
-        held = self.renewer.held.keys() & wanted
-        plan = self.taker.plan(self._observed, wanted, held, now_ms, extra_live)
-        for lease, stolen in _with_kind(plan.take, plan.steal):
+        for _ in range(take_attempts_max):
+            held = self.renewer.held.keys() & wanted
+            plan = self.taker.plan(
+                self._observed, wanted, held, self.clock.monotonic_ms(), extra_live, steal=steal
+            )
+            raced = False
+            for lease, stolen in _with_kind(plan.take, plan.steal):
+                try:
+                    won = self.renewer.acquire(lease, self.clock.monotonic_ms(), stolen=stolen)
+                except DatabaseError:
+                    self._counters.store_errors += 1
+                    return
+                raced |= not won
+                self._counters.stolen += won and stolen
+                self._counters.taken += won and not stolen
+            if not raced or not self._try_refresh(wanted):
+                return
+
+    def _take_new(self, new: frozenset[int]) -> None:
+        """Shards that have just become consumable (the children of a parent this worker
+        finished) are taken at once when never taken before, even above the target: a child
+        should not sit idle while the others learn of it; a later round evens the counts out.
+        Only counter 0: a lease that was ever held may still have a consumer finishing up."""
+        for shard_id in sorted(new):
+            lease = self._observed.get(shard_id)
+            if lease is None or lease.record.lease_counter != 0 or shard_id in self.renewer.held:
+                continue
             try:
-                won = self.renewer.acquire(lease, self.clock.monotonic_ms(), stolen=stolen)
+                won = self.renewer.acquire(lease, self.clock.monotonic_ms(), stolen=False)
             except DatabaseError:
                 self._counters.store_errors += 1
-                continue
-            if won:
-                self._counters.stolen += stolen
-                self._counters.taken += not stolen
+                return
+            self._counters.taken += won
 
     def _release_unwanted(self, wanted: frozenset[int]) -> None:
         for shard_id in sorted(self.renewer.held.keys() - wanted):
@@ -659,8 +690,25 @@ class LeaseCoordinator:
             stop=tuple(sorted(stop)),
             consuming=tuple(sorted(consuming)),
             waiting=tuple(waiting),
-            next_tick_ms=min(schedule.next_renew_ms, schedule.next_take_ms),
+            next_tick_ms=min(
+                schedule.next_renew_ms, schedule.next_take_ms, self._next_expiry_ms(wanted, now_ms)
+            ),
         )
+
+    def _next_expiry_ms(self, wanted: frozenset[int], after_ms: int) -> int:
+        """When the next lease of another worker expires (after ``after_ms``), as observed:
+        a tick then takes it at once, instead of at the renew after. A renewed lease's counter
+        moves at the next refresh, so in a healthy group this moment never comes."""
+        me = self.worker_name
+        moments = (
+            lease.counter_seen_at_ms + self.lease_timeout_ms + 1
+            for shard_id, lease in self._observed.items()
+            if shard_id in wanted and lease.lease_owner not in ("", me)
+        )
+        return min((at_ms for at_ms in moments if at_ms > after_ms), default=_never_ms)
+
+
+_never_ms = 2**63 - 1
 
 
 def _with_kind(take: Sequence[Lease], steal: Sequence[Lease]) -> Iterable[tuple[Lease, bool]]:

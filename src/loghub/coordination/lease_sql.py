@@ -7,7 +7,8 @@ Tables, as in ``spec/lease-protocol.md`` (created if missing; several groups sha
                 consumer_owner, checkpoint, updated_at
 
 Empty strings mean "nobody" in the owner columns. Timestamps are UTC without a zone, from the
-writer's wall clock: monitoring and the start-up estimate only, never a lease decision.
+writer's wall clock: monitoring and counting registered workers only, never whether a lease
+has expired.
 
 Every write is one statement, so one round trip and its own transaction:
 - a lease write: ``UPDATE shard_lease SET lease_counter = lease_counter + 1, ... WHERE <key>

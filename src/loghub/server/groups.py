@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from loghub._clock import Clock
@@ -187,15 +187,31 @@ class GroupService:
         self, project: str, logstore: str, name: str, shard_id: int | None
     ) -> list[dict[str, object]]:
         """One entry per shard (an empty checkpoint where none was saved), or for one shard;
-        an unknown shard gives an empty list, as the SDK expects."""
+        an unknown shard gives an empty list, as the SDK expects. "consumer" names the
+        shard's owner now (empty when nobody holds it), as on the hosted service, not the
+        last consumer that wrote the checkpoint."""
         catalog = self._metadata.consumer_groups(project, logstore)
         saved = catalog.checkpoints(project, logstore, name)
+        owners = self._owners(project, logstore, name)
         shard_ids: Iterable[int] = [
             s.shard_id for s in self._metadata.list_shards(project, logstore)
         ]
         if shard_id is not None:
             shard_ids = [shard_id] if shard_id in shard_ids else []
-        return [saved.get(s, Checkpoint(s, "", "", 0)).to_json() for s in shard_ids]
+        return [
+            replace(saved.get(s, Checkpoint(s, "", "", 0)), consumer=owners.get(s, "")).to_json()
+            for s in shard_ids
+        ]
+
+    def _owners(self, project: str, logstore: str, name: str) -> dict[int, str]:
+        """The live group's owners (after expiring the silent); none before any heartbeat."""
+        with self._lock:
+            live = self._live.get((project, logstore, name))
+        if live is None:
+            return {}
+        with live.lock:
+            live.group.expire(self._clock.monotonic_ms())
+            return live.group.owners()
 
     # -- status for the console and the metrics ---------------------------------------------------
 

@@ -19,7 +19,8 @@ Time is a ``FakeClock`` advanced one tick per step; every random choice comes fr
   comes back later than that is thrown away.
 
 Faults come in storms separated by calm spells (so that convergence can be checked): joins,
-clean leaves (release everything, stop heartbeating, time out), crashes, pauses (some longer
+clean leaves (release everything, send a leave: one heartbeat reporting nothing, which may be
+lost, then stop heartbeating), crashes, pauses (some longer
 than the timeout), lost and delayed heartbeats, splits, merges, deletion of finished shards
 and server restarts (the group is rebuilt with ``recovering=True``; checkpoints survive).
 
@@ -403,7 +404,9 @@ class GroupSimulation:
         self._release_and_start(consumer, now)
         self._read_and_flush(consumer, now)
         if consumer.status == "leaving" and not consumer.running and not consumer.releasing:
-            consumer.status = "left"  # stops heartbeating; the group times it out
+            if consumer.request is None:
+                self._send(consumer, now)  # the leave: its heart is empty now
+            consumer.status = "left"  # then silence; a lost leave is timed out
             return
         if consumer.request is None and now >= consumer.next_heartbeat_ms:
             self._send(consumer, now)
