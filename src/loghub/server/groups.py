@@ -228,12 +228,8 @@ class GroupService:
         if live is not None:
             with live.lock:
                 live.group.expire(self._clock.monotonic_ms())
-                for consumer, shard_ids in live.group.assignments().items():
-                    owners.update(dict.fromkeys(shard_ids, consumer))
-                for shard_id, state in live.group.shard_states().items():
-                    states[shard_id] = state.value
-                    if state.value == "transfer":
-                        owners[shard_id] = live.holders.get(shard_id, "")
+                owners = live.group.owners()  # during a hand-off, still the old holder
+                states = {shard_id: s.value for shard_id, s in live.group.shard_states().items()}
         result = []
         for shard in self._metadata.list_shards(project, logstore):
             checkpoint = saved.get(shard.shard_id)
