@@ -190,6 +190,10 @@ def serve(
         Path | None, typer.Option(help="PEM certificate (chain): serve https with --tls-key")
     ] = None,
     tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert")] = None,
+    v1_project_binding: Annotated[
+        bool,
+        typer.Option(help="refuse a v1 signature reused for another project (503 SignatureReused)"),
+    ] = ServerConfig.v1_project_binding,
     # quotas
     shard_write_bytes_per_s: Annotated[
         int, typer.Option(help="per-shard write quota in raw bytes/s (0: none)", min=0)
@@ -282,6 +286,7 @@ def serve(
         # TLS
         tls_cert_file=tls_cert,
         tls_key_file=tls_key,
+        v1_project_binding=v1_project_binding,
         # quotas
         shard_quota=_shard_quota(
             shard_write_bytes_per_s, shard_write_requests_per_s, shard_read_bytes_per_s

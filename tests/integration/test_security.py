@@ -565,3 +565,33 @@ def test_metrics_need_a_key_when_keys_are_set_and_health_does_not(
     log = scoped_server.log_path.read_text(errors="replace")
     for secret in SECRETS.values():
         assert secret not in log
+
+
+@pytest.fixture(scope="module")
+def unbound_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = ServerProcess(
+        tmp_path_factory.mktemp("unbound") / "data",
+        keys={"ak": "sk"},
+        extra_args=("--no-v1-project-binding",),
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_without_the_v1_binding_the_same_call_to_two_projects_passes(
+    unbound_server: ServerProcess,
+) -> None:
+    """The switch for v1 clients that do not retry a 503, on servers reached over TLS: two
+    projects, the same call in the same second, from two connections."""
+    now_s = time.time()
+    query = [("offset", "0"), ("size", "10")]
+    for host in (ALPHA, BRAVO):
+        with RawConnection(unbound_server.port) as connection:
+            body = json.dumps({"projectName": host.split(".")[0], "description": ""}).encode()
+            created = connection.send("POST", "/", signed("v4", "POST", host, "/", [], body), body)
+            assert created.status == 200, created.body
+            headers = signed("v1", "GET", host, "/logstores", query, now_s=now_s)
+            reply = connection.send("GET", target("/logstores", query), headers)
+            assert reply.status == 200, reply.body

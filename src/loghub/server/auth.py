@@ -13,8 +13,9 @@ refuses a second copy of any header that routing or a signature reads):
    byte-identical v1 requests to two projects in the same second (dates have one-second
    resolution) carry the same signature too, and the SDK retries a 5xx after a second,
    signed anew, which then passes; a replay cannot be signed anew. v4 signs ``Host`` and
-   needs no such memory, and neither does a v1 request that carries the project in a signed
-   ``x-log-project`` header (every ``x-log-*`` header is signed in v1), as LogHub's own
+   needs no such memory (``--no-v1-project-binding`` turns it off, for a server reached only
+   over TLS whose v1 clients do not retry a 503), and neither does a v1 request that
+   carries the project in a signed ``x-log-project`` header (every ``x-log-*`` header is signed in v1), as LogHub's own
    client does: the signature then binds the project by itself, and a request whose header
    and ``Host`` disagree is refused.
 3. The key's grant (``KeyGrant``): the project must be one the key names (or ``*``), and an
@@ -65,6 +66,7 @@ class Authenticator:
         self._keys = config.keys
         self._grants = config.key_grants
         self._skew_s_max = float(config.limits.clock_skew_s_max)
+        self._v1_binding = config.v1_project_binding
         # v1 Authorization value -> (project it was first seen with ("" for none), when)
         self._v1_hosts: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
@@ -92,7 +94,7 @@ class Authenticator:
         named = headers.get(PROJECT_HEADER)
         if named is not None and named != (project or ""):
             raise Unauthorized(f"the signed {PROJECT_HEADER} header names another project")
-        if verified.version == "v1" and named is None:
+        if verified.version == "v1" and named is None and self._v1_binding:
             self._bind_v1(headers["authorization"], project or "", now_s)
         return verified.access_key_id
 

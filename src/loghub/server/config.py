@@ -136,6 +136,11 @@ class ServerConfig:
     # the key file may also hold the certificate chain's key in PEM. Without them, plain http.
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
+    # Bind each v1 signature to the project it was first used for (see server/auth.py). A
+    # server reached only over TLS, where requests cannot be captured in transit, may turn it
+    # off for v1 clients that send the same call to several projects within one second and
+    # do not retry a 503 (the Node.js SDK, the OpenAPI SDKs in v1 mode).
+    v1_project_binding: bool = True
     # Quotas: the per-shard rates every logstore gets unless its own JSON overrides them
     # (shardWriteQuotaBytesPerSecond, ...); 0 means none. Over a quota: 403
     # ShardWriteQuotaExceed / ShardReadQuotaExceed.
