@@ -12,12 +12,12 @@ refuses a second copy of any header that routing or a signature reads):
    signature for another project is refused with 503 ``SignatureReused``. Not a 4xx: two
    byte-identical v1 requests to two projects in the same second (dates have one-second
    resolution) carry the same signature too, and the SDK retries a 5xx after a second,
-   signed anew, which then passes; a replay cannot be signed anew. v4 signs ``Host`` and
-   needs no such memory (``--no-v1-project-binding`` turns it off, for a server reached only
-   over TLS whose v1 clients do not retry a 503), and neither does a v1 request that
-   carries the project in a signed ``x-log-project`` header (every ``x-log-*`` header is signed in v1), as LogHub's own
-   client does: the signature then binds the project by itself, and a request whose header
-   and ``Host`` disagree is refused.
+   signed anew, which then passes; a replay cannot be signed anew. ``--no-v1-project-
+   binding`` turns this off, for a server reached only over TLS whose v1 clients do not
+   retry a 503. v4 signs ``Host`` and needs no such memory, and neither does a v1 request
+   that carries the project in a signed ``x-log-project`` header (v1 signs every
+   ``x-log-*`` header), as LogHub's own client does: the signature then binds the project by
+   itself, and a request whose header and ``Host`` disagree is refused.
 3. The key's grant (``KeyGrant``): the project must be one the key names (or ``*``), and an
    operation that changes something needs ``"access": "write"``. Consumer-group operations
    (create, update, heartbeat, checkpoint) count as reading: they are what a consumer with a
