@@ -13,10 +13,8 @@ Times (`--to` of `group reset`) are epoch seconds (`1700000000`, `1700000000.5`)
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
@@ -24,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 import loghub
+from loghub import _times
 from loghub.client import LogHubClient
 from loghub.wire.cursor import decode_cursor, encode_cursor
 
@@ -52,9 +51,6 @@ AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a ta
 
 # the consumer name a reset writes its checkpoints under, so `updateTime` readers can tell
 _RESET_CONSUMER = "loghub-cli-reset"
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
-_RELATIVE = re.compile(r"-(\d{1,9})([smhd])")
-_EPOCH = re.compile(r"\d{1,12}(\.\d{1,9})?")
 
 
 def print_version(value: bool) -> None:
@@ -65,33 +61,20 @@ def print_version(value: bool) -> None:
 
 
 def parse_time_s(text: str, now_s: float) -> float:
-    """Epoch seconds from any of the accepted spellings (see the module docstring); a wrong
-    one is a usage error naming all three, not a server error later."""
-    text = text.strip()
-    if text == "now":
-        return now_s
-    if _EPOCH.fullmatch(text):
-        return float(text)
-    relative = _RELATIVE.fullmatch(text)
-    if relative:
-        return now_s - int(relative.group(1)) * _UNIT_S[relative.group(2)]
+    """Epoch seconds from any accepted spelling (``loghub._times``); a wrong one is a usage
+    error naming all three, not a server error later."""
     try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise typer.BadParameter(
-            f"{text!r} is not a time: give epoch seconds, ISO 8601 or -15m/-2h/-1d"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
+        return _times.parse_time_s(text, now_s)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def start_position(text: str) -> str:
-    """A ``--from`` value for GetCursor: ``begin``, ``end``, or any accepted time spelling
-    turned into the whole epoch seconds the protocol takes."""
-    if text in ("begin", "end"):
-        return text
-    return str(int(parse_time_s(text, time.time())))
+    """A ``--from`` value for GetCursor: ``begin``, ``end``, or any accepted time spelling."""
+    try:
+        return _times.start_position(text, time.time())
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _client(ctx: typer.Context, endpoint: str, key_id: str, key_secret: str) -> LogHubClient:

@@ -40,3 +40,26 @@ def test_start_position_keeps_begin_and_end_and_truncates_times() -> None:
     assert start_position("begin") == "begin"
     assert start_position("end") == "end"
     assert start_position("1700000000.9") == "1700000000"
+
+
+def test_consume_takes_every_time_spelling_and_refuses_others() -> None:
+    """`loghub consume --from` uses the same parser as the admin commands."""
+    from typer.testing import CliRunner
+
+    from loghub.cli import app
+
+    runner = CliRunner()
+    bad = runner.invoke(app, ["consume", "logs", "-p", "web", "-g", "g", "--from", "yesterday"])
+    assert bad.exit_code == 2
+    assert "not a time" in bad.output
+
+
+def test_consume_from_turns_any_time_into_epoch_seconds() -> None:
+    import time
+
+    from loghub.consumer.cli import _start_position
+
+    assert _start_position("begin") == "begin"
+    assert _start_position("end") == "end"
+    assert _start_position("2026-11-25T00:00:00Z") == "1795564800"
+    assert abs(int(_start_position("-15m")) - (time.time() - 900)) < 5

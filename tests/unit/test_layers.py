@@ -14,13 +14,14 @@ import loghub
 
 SRC = Path(loghub.__file__).parent
 
-_BASE = {"errors", "_clock", "_retry"}
+_BASE = {"errors", "_clock", "_retry", "_times"}
 # layer -> the layers it may import (besides itself)
 ALLOWED: dict[str, set[str]] = {
     "__init__": _BASE,
     "errors": set(),
     "_clock": set(),
     "_retry": {"errors", "_clock"},
+    "_times": set(),
     "wire": _BASE,
     "storage": _BASE | {"wire"},
     "metadata": _BASE | {"wire", "_sql"},

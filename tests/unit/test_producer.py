@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loghub.client import producer
 from loghub.client.producer import BadLine, ParsedBatch, parse_lines
 
 NOW_S = 1_750_000_000
@@ -109,3 +111,52 @@ def test_hash_key_values_follow_their_logs() -> None:
     lines = [b'{"user": "u1"}', b"bad", b'{"x": "y"}', b'{"user": 7, "ok": true}']
     batch = parse_lines(lines, 1, "__time__", NOW_S, "user")
     assert batch.keys == ["u1", "", "7"]
+
+
+_text_values = st.text(max_size=40) | st.text(min_size=120, max_size=400)  # 1- and 2-byte lengths
+_string_logs = st.dictionaries(st.text(max_size=10), _text_values, max_size=12)
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(_string_logs | _logs, st.integers(0, 2**32 - 1)), max_size=10),
+    st.sampled_from([None, "k", ""]),
+)
+def test_the_compiled_encoder_gives_the_pure_python_group(
+    logs: list[tuple[dict[str, Any], int]], hash_key_field: str | None
+) -> None:
+    """The C encoder (built by setup.py) and the in-place build give the same group and keys,
+    for any text (unicode, empty, long) and with non-string values in the batch (which send
+    the whole batch down the general path)."""
+    lines = [json.dumps({**c, "__time__": t}).encode() for c, t in logs]
+    assert producer._native is not None, "the compiled encoder was not built"
+    fast = parse_lines(lines, 1, "__time__", NOW_S, hash_key_field)
+    producer._native_enabled = False
+    try:
+        plain = parse_lines(lines, 1, "__time__", NOW_S, hash_key_field)
+    finally:
+        producer._native_enabled = True
+    assert fast.group.SerializeToString() == plain.group.SerializeToString()
+    assert fast.keys == plain.keys
+    assert fast.bad == plain.bad
+
+
+def test_the_compiled_encoder_refuses_what_it_cannot_write() -> None:
+    assert producer._native is not None
+    with pytest.raises(TypeError):
+        producer._native.encode_logs([{"k": 1}], [0])
+    with pytest.raises(TypeError):
+        producer._native.encode_logs(["not a dict"], [0])
+    with pytest.raises(ValueError):
+        producer._native.encode_logs([{"k": "v"}], [])
+    with pytest.raises(OverflowError):
+        producer._native.encode_logs([{"k": "v"}], [-1])
+    lone = parse_lines([b'{"k": "\\ud800"}', b'{"k": "v"}'], 1, "__time__", NOW_S)
+    assert [bad.number for bad in lone.bad] == [1]  # a lone surrogate: a bad line, not a crash
+    assert lone.count == 1
+    producer._native_enabled = False
+    try:
+        plain = parse_lines([b'{"k": "\\ud800"}', b'{"k": "v"}'], 1, "__time__", NOW_S)
+        assert plain.bad == lone.bad
+    finally:
+        producer._native_enabled = True

@@ -22,11 +22,13 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
 
+from loghub._times import start_position
 from loghub.consumer.checkpoint import Checkpointer
 from loghub.consumer.config import ConsumerConfig, buffer_bytes_max_default
 from loghub.consumer.multiprocess import run_processes
@@ -168,8 +170,10 @@ def consume(
     start: Annotated[
         str,
         typer.Option(
-            "--from", help="where a shard without checkpoint starts: begin, end, or unix seconds"
-        ),  # fmt: skip
+            "--from",
+            help="where a shard without checkpoint starts: begin, end, or a time (epoch"
+            " seconds, ISO 8601, -15m)",
+        ),
     ] = _defaults.start_position,
     fetch_interval_ms: Annotated[
         int, typer.Option(help="pause after a pull that did not fill a batch")
@@ -236,7 +240,7 @@ def consume(
         worker_name=name or f"{socket.gethostname()}-{os.getpid()}",
         access_key_id=access_key_id,
         access_key_secret=access_key_secret,
-        start_position=start,
+        start_position=_start_position(start),
         fetch_interval_ms=fetch_interval_ms,
         fetch_log_groups_max=fetch_log_groups_max,
         heartbeat_interval_ms=heartbeat_interval_ms,
@@ -270,3 +274,10 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _start_position(text: str) -> str:
+    try:
+        return start_position(text, time.time())
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--from") from None
