@@ -23,22 +23,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from delivery_events import Delivery, deliveries, durable_checkpoint
 from faults import Fault
 
 # faults that hit every process
 CRASH_LIKE = {"kill_server", "pause_server", "flip_byte", "break_postgres", "fill_disk"}
 RESUME_GRACE_NS = 3_000_000_000  # a heartbeat interval (1 s) and a batch, with room to spare
-
-
-@dataclass(frozen=True)
-class Delivery:
-    key: str
-    n: int
-    shard: int
-    seq: int
-    pid: int
-    t: int
-    index: int  # position within its batch, to order logs processed together
 
 
 @dataclass
@@ -50,23 +40,6 @@ class GroupReport:
     stored_twice_explained: int = 0
     unexplained: list[str] = field(default_factory=list)
     order_violations: list[str] = field(default_factory=list)
-
-
-def deliveries(events: list[dict[str, Any]]) -> list[Delivery]:
-    return [
-        Delivery(key, n, event["shard"], seq, event["pid"], event["t"], index)
-        for event in events
-        if event["e"] == "logs"
-        for index, (key, n, seq) in enumerate(event["logs"])
-    ]
-
-
-def durable_checkpoint(events: list[dict[str, Any]], shard: int, before_ns: int) -> int:
-    """The shard's last checkpoint written durably before ``before_ns`` (0: none)."""
-    seqs = [
-        e["seq"] for e in events if e["e"] == "ckpt" and e["shard"] == shard and e["t"] < before_ns
-    ]
-    return seqs[-1] if seqs else 0
 
 
 def check_group(name: str, events: list[dict[str, Any]], acked: dict[tuple[str, int], int],

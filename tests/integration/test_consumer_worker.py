@@ -30,11 +30,11 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from delivery_events import Delivery, deliveries, durable_checkpoint
 from postgres import create_schema
 from server_process import ServerProcess
 
@@ -154,34 +154,6 @@ class Fleet:
                 if line.endswith("}"):
                     events.append(json.loads(line))
         return sorted(events, key=lambda event: event["t"])
-
-
-@dataclass(frozen=True)
-class Delivery:
-    key: str
-    n: int
-    shard: int
-    seq: int
-    pid: int
-    t: int
-    index: int  # position within its batch, to order logs processed together
-
-
-def deliveries(events: list[dict[str, Any]]) -> list[Delivery]:
-    return [
-        Delivery(key, n, event["shard"], seq, event["pid"], event["t"], index)
-        for event in events
-        if event["e"] == "logs"
-        for index, (key, n, seq) in enumerate(event["logs"])
-    ]
-
-
-def durable_checkpoint(events: list[dict[str, Any]], shard: int, before_ns: int) -> int:
-    """The shard's last checkpoint written before ``before_ns`` (0: none)."""
-    seqs = [
-        e["seq"] for e in events if e["e"] == "ckpt" and e["shard"] == shard and e["t"] < before_ns
-    ]
-    return seqs[-1] if seqs else 0
 
 
 def check(events: list[dict[str, Any]], acked: set[tuple[str, int]], kills: dict[int, int],
