@@ -29,7 +29,17 @@ from rich.console import Console
 from rich.tree import Tree
 
 from loghub._retry import RetryPolicy
-from loghub.cli_admin import AsJson, group_app, logstore_describe, print_version, start_position
+from loghub.cli_admin import (
+    AsJson,
+    Endpoint,
+    KeyId,
+    KeySecret,
+    Project,
+    group_app,
+    logstore_describe,
+    print_version,
+    start_position,
+)
 from loghub.client import LogHubClient, ShardInfo
 from loghub.client.producer import BadLine, ParsedBatch, Sender, parse_lines
 from loghub.consumer.cli import consume
@@ -75,15 +85,6 @@ logstore_app.command("describe")(logstore_describe)
 app.command()(consume)
 
 err = Console(stderr=True)
-
-Endpoint = Annotated[
-    str, typer.Option(envvar="LOGHUB_ENDPOINT", help="host:port or https://host:port")
-]
-KeyId = Annotated[str, typer.Option(envvar="LOGHUB_ACCESS_KEY_ID", help="access key id")]
-KeySecret = Annotated[
-    str, typer.Option(envvar="LOGHUB_ACCESS_KEY_SECRET", help="access key secret")
-]
-Project = Annotated[str, typer.Option("--project", "-p", envvar="LOGHUB_PROJECT")]
 
 
 # TLS: set once by the top-level --ca-cert option, read by every client command.

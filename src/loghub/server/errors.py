@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from loghub import errors
 
-__all__ = ["ProtocolError", "http_status", "protocol_error"]
+__all__ = ["ProtocolError", "protocol_error"]
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,6 @@ def protocol_error(error: errors.LogHubError) -> ProtocolError:
                 return ProtocolError(status, code or error.code, error.message, False)
             return ProtocolError(status, _INTERNAL, _internal_message(error), True)
     raise AssertionError("LogHubError is the last row")  # pragma: no cover
-
-
-def http_status(error: errors.LogHubError) -> int:
-    return protocol_error(error).status
 
 
 def _internal_message(error: errors.LogHubError) -> str:

@@ -73,7 +73,18 @@ class GroupShardStatus:
     end_seq: int
     lag_log_groups: int
     lag_s: float  # newest data's arrival minus that of the last consumed group (_lag_s)
-    begin_seq: int = 0  # the oldest retained group
+    begin_seq: int  # the oldest retained group
+    status: str  # the shard's own: readwrite or readonly
+    update_time_us: int  # when the checkpoint was written (0 for none)
+
+
+@dataclass(frozen=True)
+class _LiveView:
+    """What a group's live state says right now, silent consumers expired."""
+
+    owners: dict[int, str]  # during a hand-off, still the old holder
+    states: dict[int, str]
+    consumers: list[str]
 
 
 class GroupService:
@@ -192,7 +203,7 @@ class GroupService:
         last consumer that wrote the checkpoint."""
         catalog = self._metadata.consumer_groups(project, logstore)
         saved = catalog.checkpoints(project, logstore, name)
-        owners = self._owners(project, logstore, name)
+        owners = self._live_view(project, logstore, name).owners
         shard_ids: Iterable[int] = [
             s.shard_id for s in self._metadata.list_shards(project, logstore)
         ]
@@ -203,33 +214,33 @@ class GroupService:
             for s in shard_ids
         ]
 
-    def _owners(self, project: str, logstore: str, name: str) -> dict[int, str]:
-        """The live group's owners (after expiring the silent); none before any heartbeat."""
+    def _live_view(self, project: str, logstore: str, name: str) -> _LiveView:
+        """Owners, states and consumers after expiring the silent (as the next heartbeat
+        would), so a crashed consumer shows as nobody; empty before any heartbeat."""
         with self._lock:
             live = self._live.get((project, logstore, name))
         if live is None:
-            return {}
+            return _LiveView({}, {}, [])
         with live.lock:
             live.group.expire(self._clock.monotonic_ms())
-            return live.group.owners()
+            return _LiveView(
+                live.group.owners(),
+                {shard_id: state.value for shard_id, state in live.group.shard_states().items()},
+                sorted(live.group.assignments()),
+            )
 
     # -- status for the console and the metrics ---------------------------------------------------
 
     def shard_status(self, project: str, logstore: str, name: str) -> list[GroupShardStatus]:
-        """Each shard's state, owner, checkpoint and lag for one group. Consumers silent for
-        longer than the timeout are dropped first, as the next heartbeat would, so a crashed
-        consumer does not show as an owner."""
+        """Each shard's state, owner, checkpoint and lag for one group (``_live_view``)."""
+        return self._shard_status(project, logstore, name, self._live_view(project, logstore, name))
+
+    def _shard_status(
+        self, project: str, logstore: str, name: str, view: _LiveView
+    ) -> list[GroupShardStatus]:
         saved = self._metadata.consumer_groups(project, logstore).checkpoints(
             project, logstore, name
         )
-        owners: dict[int, str] = {}
-        states: dict[int, str] = {}
-        live = self._live.get((project, logstore, name))
-        if live is not None:
-            with live.lock:
-                live.group.expire(self._clock.monotonic_ms())
-                owners = live.group.owners()  # during a hand-off, still the old holder
-                states = {shard_id: s.value for shard_id, s in live.group.shard_states().items()}
         result = []
         for shard in self._metadata.list_shards(project, logstore):
             checkpoint = saved.get(shard.shard_id)
@@ -241,14 +252,16 @@ class GroupService:
             result.append(
                 GroupShardStatus(
                     shard.shard_id,
-                    states.get(shard.shard_id, "not_alloc"),
-                    owners.get(shard.shard_id, ""),
+                    view.states.get(shard.shard_id, "not_alloc"),
+                    view.owners.get(shard.shard_id, ""),
                     cursor,
                     position,
                     end_seq,
                     lag,
                     _lag_s(shard_log, position, end_seq) if lag else 0.0,
                     begin_seq,
+                    shard.status,
+                    checkpoint.update_time_us if checkpoint is not None else 0,
                 )
             )
         return result
@@ -257,31 +270,22 @@ class GroupService:
         """What an operator asks of a group (LogHub only): its live consumers, and per shard
         its status, state, owner, checkpoint, end and lag (as ``shard_status`` counts them:
         in log groups, the unit of storage, where ``end - checkpoint`` is exact and free, and
-        in seconds, the newest group's arrival minus the first unread one's). The hosted
+        in seconds, the newest group's arrival minus the last consumed one's). The hosted
         service has no such API; owner and state live only in this server's memory."""
         definition = self._metadata.consumer_groups(project, logstore).get(project, logstore, name)
-        statuses = self.shard_status(project, logstore, name)
-        saved = self._metadata.consumer_groups(project, logstore).checkpoints(
-            project, logstore, name
-        )
-        consumers: list[str] = []
-        live = self._live.get((project, logstore, name))
-        if live is not None:
-            with live.lock:
-                consumers = sorted(live.group.assignments())
-        shards = {shard.shard_id: shard for shard in self._metadata.list_shards(project, logstore)}
+        view = self._live_view(project, logstore, name)
+        statuses = self._shard_status(project, logstore, name, view)
         entries: list[dict[str, object]] = []
         for status in statuses:
-            checkpoint = saved.get(status.shard_id)
             entries.append(
                 {
                     "shard": status.shard_id,
-                    "status": shards[status.shard_id].status,
+                    "status": status.status,
                     "state": status.state,
                     "owner": status.owner,
                     "checkpoint": status.checkpoint,
                     "checkpointSeq": status.checkpoint_seq if status.checkpoint else None,
-                    "updateTime": checkpoint.update_time_us if checkpoint is not None else 0,
+                    "updateTime": status.update_time_us,
                     "beginSeq": status.begin_seq,
                     "end": encode_cursor(status.end_seq),
                     "endSeq": status.end_seq,
@@ -293,7 +297,7 @@ class GroupService:
             "consumerGroup": name,
             "timeout": definition.timeout_s,
             "order": definition.ordered,
-            "consumers": consumers,
+            "consumers": view.consumers,
             "shards": entries,
             "lagGroups": sum(s.lag_log_groups for s in statuses),
             "lagSeconds": max((s.lag_s for s in statuses), default=0.0),
