@@ -3,7 +3,8 @@
 # (the tests start a throwaway cluster of their own), a Java runtime (for Spark) and the
 # openssl command (the TLS tests make their own certificate authority with it), and Chromium
 # with its WebDriver (the web console's browser test drives them headless), and Node.js with
-# npm (the Node SDK's compatibility test installs the SDK from the npm registry).
+# npm (the Node SDK's compatibility test installs the SDK from the npm registry), Redis and
+# NATS (benchmark peers) and etcd (the cluster's control plane).
 set -euo pipefail
 need=()
 pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
@@ -14,6 +15,10 @@ if [ ! -x /usr/bin/chromium ]; then need+=(chromium); fi
 if [ ! -x /usr/bin/chromedriver ]; then need+=(chromium-driver); fi
 if ! command -v node >/dev/null 2>&1; then need+=(nodejs); fi
 if ! command -v npm >/dev/null 2>&1; then need+=(npm); fi
+# benchmark peers (Redis Streams, NATS JetStream) and the cluster's control plane (etcd)
+if [ ! -x /usr/bin/redis-server ]; then need+=(redis-server); fi
+if [ ! -x /usr/sbin/nats-server ] && ! command -v nats-server >/dev/null 2>&1; then need+=(nats-server); fi
+if [ ! -x /usr/bin/etcd ]; then need+=(etcd-server); fi
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "missing system packages: ${need[*]}; install them (apt-get install ${need[*]})" >&2
