@@ -10,6 +10,7 @@ import ipaddress
 import json
 import os
 import tomllib
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,10 +122,11 @@ class ServerConfig:
     # Threads beside the event loop for decompression, parsing, checksums and disk writes;
     # appends waiting for a group fsync hold one each, so this also caps concurrent appends.
     storage_threads: int = 64
-    # Worker processes that check large PutLogs bodies (parse and required fields) on the
-    # other cores; 0 checks everything in the server process. Bodies up to
-    # parse_inline_bytes_max are checked in place (a worker round trip would cost more).
-    parse_processes: int = field(default_factory=lambda: os.cpu_count() or 1)
+    # Deprecated and ignored: earlier releases checked large PutLogs bodies in this many
+    # worker processes, and bodies up to parse_inline_bytes_max in place. The check now runs
+    # in the server process (docs/decisions.md); the fields stay so that code written for
+    # those releases still builds a config. Asking for workers (a value over 0) warns.
+    parse_processes: int = 0
     parse_inline_bytes_max: int = 64 * 1024
     # Auto-split (for logstores with autoSplit on): a shard that writes more than this many
     # bytes a second for auto_split_sustain_ms is split in the middle, up to maxSplitShard.
@@ -145,6 +147,15 @@ class ServerConfig:
     # (shardWriteQuotaBytesPerSecond, ...); 0 means none. Over a quota: 403
     # ShardWriteQuotaExceed / ShardReadQuotaExceed.
     shard_quota: ShardQuota = field(default_factory=ShardQuota)
+
+    def __post_init__(self) -> None:
+        if self.parse_processes > 0:
+            warnings.warn(
+                "ServerConfig.parse_processes is ignored: PutLogs bodies are checked in the "
+                "server process",
+                DeprecationWarning,
+                stacklevel=3,
+            )
 
     @property
     def tls_enabled(self) -> bool:

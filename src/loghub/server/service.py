@@ -114,9 +114,7 @@ class LogHubService:
         self.metrics.watch_storage(self.storage.statistics)
         self.metrics.watch_service(self)
         self._round_robin = itertools.count()
-        self.body_checker = BodyChecker(
-            config.limits, config.parse_processes, config.parse_inline_bytes_max
-        )
+        self.body_checker = BodyChecker(config.limits)
         self.autosplit = AutoSplitMonitor(
             config.auto_split_bytes_per_s, config.auto_split_sustain_ms
         )

@@ -1,0 +1,323 @@
+/* Proving bytes a complete LogGroup in one pass, without building messages: the server's
+ * check of every PutLogs body, in C. The rules (what upb accepts, which fields are required)
+ * and the pure-Python twin are in loghub/wire/logcheck.py; this file follows that walk step
+ * for step, so that both return the same tuple, and a test holds them to it.
+ *
+ *   scan(data: bytes-like) -> (status, log_count, where, index)
+ *
+ * The buffer is borrowed (Py_buffer), not copied. The walk touches no Python object, so it
+ * releases the GIL for large bodies; small ones keep it, since handing the GIL over and
+ * waiting to get it back can cost more than the walk.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+/* Keep in step with logcheck.py. */
+enum {
+    OK = 0,
+    MALFORMED_TRUNCATED = 1,
+    MALFORMED_VARINT = 2,
+    MALFORMED_TAG = 3,
+    MALFORMED_GROUP = 4,
+    MALFORMED_DEPTH = 5,
+    MISSING_LOG_TIME = 6,
+    MISSING_CONTENT_KEY = 7,
+    MISSING_CONTENT_VALUE = 8,
+    MISSING_TAG_KEY = 9,
+    MISSING_TAG_VALUE = 10,
+};
+
+#define DEPTH_MAX 100
+#define WIRE_VARINT 0
+#define WIRE_FIXED64 1
+#define WIRE_LENGTH 2
+#define WIRE_START_GROUP 3
+#define WIRE_END_GROUP 4
+#define WIRE_FIXED32 5
+#define TAG_GROUP_LOG 0x0A   /* LogGroup.Logs */
+#define TAG_GROUP_TAGS 0x32  /* LogGroup.LogTags */
+#define TAG_LOG_TIME 0x08    /* Log.Time */
+#define TAG_LOG_CONTENT 0x12 /* Log.Contents */
+#define TAG_KEY 0x0A         /* Content.Key, LogTag.Key */
+#define TAG_VALUE 0x12       /* Content.Value, LogTag.Value */
+#define GIL_RELEASE_BYTES (64 * 1024)
+
+typedef struct {
+    const uint8_t *data;
+    long long log_count;
+    long long tag_count;
+    int status; /* the first malformation, then nothing else counts */
+    long long where;
+    int missing_status; /* the first missing required field */
+    long long missing_where;
+    long long missing_index;
+} Walk;
+
+static void malformed(Walk *walk, int status, Py_ssize_t where) {
+    walk->status = status;
+    walk->where = (long long)where;
+}
+
+static void note_missing(Walk *walk, int status, long long where, long long index) {
+    if (walk->missing_status == OK) {
+        walk->missing_status = status;
+        walk->missing_where = where;
+        walk->missing_index = index;
+    }
+}
+
+/* Reads a varint of at most 10 bytes (bits past the 64th dropped); returns the position after
+ * it, or -1 after noting the malformation. */
+static Py_ssize_t read_varint(Walk *walk, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t field_start,
+                              uint64_t *value) {
+    const uint8_t *data = walk->data;
+    if (pos < end && data[pos] < 0x80) {
+        *value = data[pos];
+        return pos + 1;
+    }
+    uint64_t result = 0;
+    int shift = 0;
+    for (int i = 0; i < 10; i++) {
+        if (pos >= end) {
+            malformed(walk, MALFORMED_TRUNCATED, field_start);
+            return -1;
+        }
+        uint8_t byte = data[pos++];
+        result |= (uint64_t)(byte & 0x7F) << shift;
+        if (byte < 0x80) {
+            *value = result;
+            return pos;
+        }
+        shift += 7;
+    }
+    malformed(walk, MALFORMED_VARINT, field_start);
+    return -1;
+}
+
+/* Reads a tag: at most 5 bytes, a value that fits 32 bits, field > 0, wire type < 6. */
+static Py_ssize_t read_tag(Walk *walk, Py_ssize_t pos, Py_ssize_t end, uint64_t *tag_out) {
+    const uint8_t *data = walk->data;
+    Py_ssize_t start = pos;
+    uint64_t tag = data[pos++];
+    if (tag >= 0x80) {
+        tag &= 0x7F;
+        int shift = 7;
+        for (;;) {
+            if (pos >= end) {
+                malformed(walk, MALFORMED_TRUNCATED, start);
+                return -1;
+            }
+            if (pos - start == 5) {
+                malformed(walk, MALFORMED_TAG, start);
+                return -1;
+            }
+            uint8_t byte = data[pos++];
+            tag |= (uint64_t)(byte & 0x7F) << shift;
+            shift += 7;
+            if (byte < 0x80) break;
+        }
+        if (tag > 0xFFFFFFFFull) {
+            malformed(walk, MALFORMED_TAG, start);
+            return -1;
+        }
+    }
+    if (tag < 8 || (tag & 7) > WIRE_FIXED32) {
+        malformed(walk, MALFORMED_TAG, start);
+        return -1;
+    }
+    *tag_out = tag;
+    return pos;
+}
+
+/* Reads a length and checks that many bytes fit before end; returns the start of the bytes
+ * (their end in *value_end). */
+static Py_ssize_t read_delimited(Walk *walk, Py_ssize_t pos, Py_ssize_t end,
+                                 Py_ssize_t field_start, Py_ssize_t *value_end) {
+    uint64_t length;
+    pos = read_varint(walk, pos, end, field_start, &length);
+    if (pos < 0) return -1;
+    if (length > (uint64_t)(end - pos)) {
+        malformed(walk, MALFORMED_TRUNCATED, field_start);
+        return -1;
+    }
+    *value_end = pos + (Py_ssize_t)length;
+    return pos;
+}
+
+static Py_ssize_t unknown_group(Walk *walk, uint64_t field, Py_ssize_t pos, Py_ssize_t end,
+                                int depth);
+
+/* The position after an unknown field (or a known one read past). */
+static Py_ssize_t skip(Walk *walk, uint64_t tag, Py_ssize_t pos, Py_ssize_t end, int depth,
+                       Py_ssize_t field_start) {
+    uint64_t ignored;
+    Py_ssize_t value_end;
+    switch (tag & 7) {
+    case WIRE_LENGTH:
+        if (read_delimited(walk, pos, end, field_start, &value_end) < 0) return -1;
+        return value_end;
+    case WIRE_VARINT:
+        return read_varint(walk, pos, end, field_start, &ignored);
+    case WIRE_FIXED32:
+    case WIRE_FIXED64:
+        pos += (tag & 7) == WIRE_FIXED32 ? 4 : 8;
+        if (pos > end) {
+            malformed(walk, MALFORMED_TRUNCATED, field_start);
+            return -1;
+        }
+        return pos;
+    case WIRE_START_GROUP:
+        if (depth <= 0) {
+            malformed(walk, MALFORMED_DEPTH, field_start);
+            return -1;
+        }
+        return unknown_group(walk, tag >> 3, pos, end, depth - 1);
+    default: /* an end-group tag outside its group */
+        malformed(walk, MALFORMED_GROUP, field_start);
+        return -1;
+    }
+}
+
+/* The position after an unknown group's end-group tag. */
+static Py_ssize_t unknown_group(Walk *walk, uint64_t field, Py_ssize_t pos, Py_ssize_t end,
+                                int depth) {
+    while (pos < end) {
+        Py_ssize_t field_start = pos;
+        uint64_t tag;
+        pos = read_tag(walk, pos, end, &tag);
+        if (pos < 0) return -1;
+        if ((tag & 7) == WIRE_END_GROUP) {
+            if ((tag >> 3) != field) {
+                malformed(walk, MALFORMED_GROUP, field_start);
+                return -1;
+            }
+            return pos;
+        }
+        pos = skip(walk, tag, pos, end, depth, field_start);
+        if (pos < 0) return -1;
+    }
+    malformed(walk, MALFORMED_GROUP, end); /* the group never ended */
+    return -1;
+}
+
+/* Walks a Content or a LogTag; sets bit 1 of *found for its Key, bit 2 for its Value. */
+static int pair(Walk *walk, Py_ssize_t pos, Py_ssize_t end, int depth, int *found) {
+    *found = 0;
+    while (pos < end) {
+        Py_ssize_t field_start = pos;
+        uint64_t tag;
+        Py_ssize_t value_end;
+        pos = read_tag(walk, pos, end, &tag);
+        if (pos < 0) return -1;
+        if (tag == TAG_KEY || tag == TAG_VALUE) {
+            if (read_delimited(walk, pos, end, field_start, &value_end) < 0) return -1;
+            pos = value_end;
+            *found |= tag == TAG_KEY ? 1 : 2;
+        } else {
+            pos = skip(walk, tag, pos, end, depth, field_start);
+            if (pos < 0) return -1;
+        }
+    }
+    return 0;
+}
+
+static int log_message(Walk *walk, Py_ssize_t pos, Py_ssize_t end, int depth) {
+    long long log_index = walk->log_count - 1;
+    long long content_count = 0;
+    int has_time = 0;
+    while (pos < end) {
+        Py_ssize_t field_start = pos;
+        uint64_t tag, ignored;
+        Py_ssize_t value_end;
+        pos = read_tag(walk, pos, end, &tag);
+        if (pos < 0) return -1;
+        if (tag == TAG_LOG_TIME) {
+            pos = read_varint(walk, pos, end, field_start, &ignored);
+            if (pos < 0) return -1;
+            has_time = 1;
+        } else if (tag == TAG_LOG_CONTENT) {
+            Py_ssize_t start = read_delimited(walk, pos, end, field_start, &value_end);
+            if (start < 0) return -1;
+            int found;
+            if (pair(walk, start, value_end, depth - 1, &found) < 0) return -1;
+            if (!(found & 1))
+                note_missing(walk, MISSING_CONTENT_KEY, log_index, content_count);
+            else if (!(found & 2))
+                note_missing(walk, MISSING_CONTENT_VALUE, log_index, content_count);
+            content_count++;
+            pos = value_end;
+        } else {
+            pos = skip(walk, tag, pos, end, depth, field_start);
+            if (pos < 0) return -1;
+        }
+    }
+    if (!has_time) note_missing(walk, MISSING_LOG_TIME, log_index, 0);
+    return 0;
+}
+
+static int log_group(Walk *walk, Py_ssize_t pos, Py_ssize_t end) {
+    int depth = DEPTH_MAX;
+    while (pos < end) {
+        Py_ssize_t field_start = pos;
+        uint64_t tag;
+        Py_ssize_t value_end;
+        pos = read_tag(walk, pos, end, &tag);
+        if (pos < 0) return -1;
+        if (tag == TAG_GROUP_LOG) {
+            Py_ssize_t start = read_delimited(walk, pos, end, field_start, &value_end);
+            if (start < 0) return -1;
+            walk->log_count++;
+            if (log_message(walk, start, value_end, depth - 1) < 0) return -1;
+            pos = value_end;
+        } else if (tag == TAG_GROUP_TAGS) {
+            Py_ssize_t start = read_delimited(walk, pos, end, field_start, &value_end);
+            if (start < 0) return -1;
+            walk->tag_count++;
+            int found;
+            if (pair(walk, start, value_end, depth - 1, &found) < 0) return -1;
+            if (!(found & 1))
+                note_missing(walk, MISSING_TAG_KEY, walk->tag_count - 1, 0);
+            else if (!(found & 2))
+                note_missing(walk, MISSING_TAG_VALUE, walk->tag_count - 1, 0);
+            pos = value_end;
+        } else {
+            pos = skip(walk, tag, pos, end, depth, field_start);
+            if (pos < 0) return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *scan(PyObject *module, PyObject *arg) {
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Walk walk = {(const uint8_t *)view.buf, 0, 0, OK, 0, OK, 0, 0};
+    if (view.len >= GIL_RELEASE_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        log_group(&walk, 0, view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        log_group(&walk, 0, view.len);
+    }
+    PyBuffer_Release(&view);
+    if (walk.status != OK)
+        return Py_BuildValue("(iLLi)", walk.status, walk.log_count, walk.where, 0);
+    if (walk.missing_status != OK)
+        return Py_BuildValue("(iLLL)", walk.missing_status, walk.log_count, walk.missing_where,
+                             walk.missing_index);
+    return Py_BuildValue("(iLii)", OK, walk.log_count, 0, 0);
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_O,
+     "scan(data) -> (status, log_count, where, index): one pass over a serialized LogGroup"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_logcheck", NULL, -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__logcheck(void) { return PyModule_Create(&module); }
