@@ -67,15 +67,14 @@ static void note_missing(Walk *walk, int status, long long where, long long inde
     }
 }
 
+#define INLINE static inline __attribute__((always_inline))
+#define NOINLINE static __attribute__((noinline))
+
 /* Reads a varint of at most 10 bytes (bits past the 64th dropped); returns the position after
  * it, or -1 after noting the malformation. */
-static Py_ssize_t read_varint(Walk *walk, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t field_start,
-                              uint64_t *value) {
+NOINLINE Py_ssize_t read_varint_slow(Walk *walk, Py_ssize_t pos, Py_ssize_t end,
+                                     Py_ssize_t field_start, uint64_t *value) {
     const uint8_t *data = walk->data;
-    if (pos < end && data[pos] < 0x80) {
-        *value = data[pos];
-        return pos + 1;
-    }
     uint64_t result = 0;
     int shift = 0;
     for (int i = 0; i < 10; i++) {
@@ -95,8 +94,17 @@ static Py_ssize_t read_varint(Walk *walk, Py_ssize_t pos, Py_ssize_t end, Py_ssi
     return -1;
 }
 
+INLINE Py_ssize_t read_varint(Walk *walk, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t field_start,
+                              uint64_t *value) {
+    if (pos < end && walk->data[pos] < 0x80) {
+        *value = walk->data[pos];
+        return pos + 1;
+    }
+    return read_varint_slow(walk, pos, end, field_start, value);
+}
+
 /* Reads a tag: at most 5 bytes, a value that fits 32 bits, field > 0, wire type < 6. */
-static Py_ssize_t read_tag(Walk *walk, Py_ssize_t pos, Py_ssize_t end, uint64_t *tag_out) {
+NOINLINE Py_ssize_t read_tag_slow(Walk *walk, Py_ssize_t pos, Py_ssize_t end, uint64_t *tag_out) {
     const uint8_t *data = walk->data;
     Py_ssize_t start = pos;
     uint64_t tag = data[pos++];
@@ -130,9 +138,18 @@ static Py_ssize_t read_tag(Walk *walk, Py_ssize_t pos, Py_ssize_t end, uint64_t 
     return pos;
 }
 
+INLINE Py_ssize_t read_tag(Walk *walk, Py_ssize_t pos, Py_ssize_t end, uint64_t *tag_out) {
+    uint8_t byte = walk->data[pos];
+    if (byte >= 8 && byte < 0x80 && (byte & 7) <= WIRE_FIXED32) {
+        *tag_out = byte;
+        return pos + 1;
+    }
+    return read_tag_slow(walk, pos, end, tag_out);
+}
+
 /* Reads a length and checks that many bytes fit before end; returns the start of the bytes
  * (their end in *value_end). */
-static Py_ssize_t read_delimited(Walk *walk, Py_ssize_t pos, Py_ssize_t end,
+INLINE Py_ssize_t read_delimited(Walk *walk, Py_ssize_t pos, Py_ssize_t end,
                                  Py_ssize_t field_start, Py_ssize_t *value_end) {
     uint64_t length;
     pos = read_varint(walk, pos, end, field_start, &length);
@@ -201,8 +218,44 @@ static Py_ssize_t unknown_group(Walk *walk, uint64_t field, Py_ssize_t pos, Py_s
     return -1;
 }
 
+/* A length of one or two bytes at *pos that fits before end, or -1 (then the general walk
+ * decides). */
+INLINE Py_ssize_t short_length(const uint8_t *data, Py_ssize_t *pos, Py_ssize_t end) {
+    Py_ssize_t at = *pos, length;
+    if (at < end && data[at] < 0x80) {
+        length = data[at];
+        at += 1;
+    } else if (at + 1 < end && data[at + 1] < 0x80) {
+        length = (data[at] & 0x7F) | (Py_ssize_t)data[at + 1] << 7;
+        at += 2;
+    } else {
+        return -1;
+    }
+    if (length > end - at) return -1;
+    *pos = at;
+    return length;
+}
+
+/* Whether [pos, end) is a Key and a Value and nothing else, with short lengths: what every
+ * writer sends, and what the general walk would accept with both fields found. */
+INLINE int canonical_pair(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end) {
+    if (pos >= end || data[pos] != TAG_KEY) return 0;
+    pos++;
+    Py_ssize_t length = short_length(data, &pos, end);
+    if (length < 0) return 0;
+    pos += length;
+    if (pos >= end || data[pos] != TAG_VALUE) return 0;
+    pos++;
+    length = short_length(data, &pos, end);
+    return length >= 0 && pos + length == end;
+}
+
 /* Walks a Content or a LogTag; sets bit 1 of *found for its Key, bit 2 for its Value. */
 static int pair(Walk *walk, Py_ssize_t pos, Py_ssize_t end, int depth, int *found) {
+    if (canonical_pair(walk->data, pos, end)) {
+        *found = 3;
+        return 0;
+    }
     *found = 0;
     while (pos < end) {
         Py_ssize_t field_start = pos;

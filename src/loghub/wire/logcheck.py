@@ -315,10 +315,27 @@ class _Walk:
                 pos = self.skip(tag, pos, end, depth, field_start)
 
     def log(self, pos: int, end: int, depth: int) -> None:
+        data = self.data
         log_index = self.log_count - 1
         has_time = False
         content_count = 0
         while pos < end:
+            if data[pos] == TAG_LOG_CONTENT and pos + 1 < end and data[pos + 1] < 0x80:
+                # Inlined for speed: a Content of Key then Value with one-byte lengths and
+                # nothing else, which is what every writer sends and the walk below accepts.
+                stop = pos + 2 + data[pos + 1]
+                if stop <= end and stop - pos >= 6 and data[pos + 2] == TAG_CONTENT_KEY:
+                    value_at = pos + 4 + data[pos + 3]
+                    if (
+                        data[pos + 3] < 0x80
+                        and value_at + 2 <= stop
+                        and data[value_at] == TAG_CONTENT_VALUE
+                        and data[value_at + 1] < 0x80
+                        and value_at + 2 + data[value_at + 1] == stop
+                    ):
+                        pos = stop
+                        content_count += 1
+                        continue
             field_start = pos
             tag, pos = self.tag(pos, end)
             if tag == TAG_LOG_TIME:
