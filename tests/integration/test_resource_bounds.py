@@ -3,7 +3,7 @@
 Slow or silent clients are cut by the header, body and idle timeouts; connections over the
 cap are answered 503 ServerBusy while the open ones carry on; request bodies wait for room in
 the in-flight budget and get 503 with Retry-After when none comes; and six concurrent bodies
-at the size limit grow the server (with its worker processes) by less than 256 MiB. Through
+at the size limit grow the server by less than 256 MiB. Through
 all of it the server keeps answering other clients. The timeouts are short here so that the
 tests are quick; the defaults are in docs/configuration.md.
 """
