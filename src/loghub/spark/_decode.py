@@ -46,6 +46,13 @@ from google.protobuf import (  # type: ignore[import-untyped]  # no stubs
 
 from loghub.spark.schema import ContentColumn, arrow_schema
 from loghub.wire.cursor import encode_cursor
+from loghub.wire.logcheck import (
+    TAG_CONTENT_KEY,
+    TAG_CONTENT_VALUE,
+    TAG_LOG_CONTENT,
+    TAG_LOG_TIME,
+    TAG_LOG_TIME_NS,
+)
 from loghub.wire.logs import parse_log_group_list
 
 __all__ = [
@@ -59,10 +66,12 @@ __all__ = [
 
 log = logging.getLogger("loghub.spark")
 
-_TAG_TIME = 0x08  # field 1, varint
-_TAG_CONTENT = 0x12  # field 2, length-delimited (also Content.Value)
-_TAG_TIME_NS = 0x25  # field 4, fixed32
-_TAG_KEY = 0x0A  # Content.Key: field 1, length-delimited
+# the one-byte tags, from the module that writes the wire format down once
+_TAG_TIME = TAG_LOG_TIME  # Log.Time: field 1, varint
+_TAG_CONTENT = TAG_LOG_CONTENT  # Log.Contents: field 2, length-delimited
+_TAG_TIME_NS = TAG_LOG_TIME_NS  # Log.Time_ns: field 4, fixed32
+_TAG_KEY = TAG_CONTENT_KEY  # Content.Key: field 1, length-delimited
+_TAG_VALUE = TAG_CONTENT_VALUE  # Content.Value: field 2, length-delimited
 _PADDING = b"\0" * 8  # after the last log, so that reads a few bytes past a log stay in bounds
 _LENGTH_VARINT_BYTES_MAX = 3  # lengths up to 2 MiB - 1 on the fast path
 _TIME_VARINT_BYTES_MAX = 5  # a uint32
@@ -431,7 +440,7 @@ def _pairs(buffer: Any, buffer_bytes: Any, starts: Any, ends: Any) -> tuple[Any,
     key_starts = pc.add(pc.add(starts, 1), key_length_bytes)
     key_ends = pc.add(key_starts, key_length)
     _expect(pc.less(key_ends, ends))
-    _expect(pc.equal(_tag_at(buffer_bytes, key_ends), _TAG_CONTENT))
+    _expect(pc.equal(_tag_at(buffer_bytes, key_ends), _TAG_VALUE))
     value_length, value_length_bytes = _varint(
         buffer_bytes, pc.add(key_ends, 1), _LENGTH_VARINT_BYTES_MAX
     )
