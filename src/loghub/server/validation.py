@@ -28,15 +28,7 @@ from loghub.server.config import Limits
 from loghub.wire.compression import decompress
 from loghub.wire.logcheck import count_logs
 
-__all__ = ["BodyChecker", "check_log_group"]
-
-
-def check_log_group(
-    compress_type: str | None, body: bytes, raw_size: int | None, limits: Limits
-) -> int:
-    """Proves `body` a complete, non-empty LogGroup within the limits; returns its log count.
-    Raises PostBodyInvalid, PostBodyTooLarge or InvalidCompressType."""
-    return _check_raw(decompress(compress_type, body, raw_size, limits.raw_body_bytes_max), limits)
+__all__ = ["BodyChecker"]
 
 
 def _check_raw(raw: bytes, limits: Limits) -> int:
@@ -59,8 +51,9 @@ class BodyChecker:
     def checked_raw(
         self, compress_type: str | None, body: bytes, raw_size: int | None
     ) -> tuple[bytes, int]:
-        """The decompressed body, once proven a complete LogGroup within the limits, and its
-        log count (the check counts them anyway; the ingest metrics report it)."""
+        """The decompressed body, once proven a complete, non-empty LogGroup within the
+        limits, and its log count (the check counts them anyway; the ingest metrics report
+        it). Raises PostBodyInvalid, PostBodyTooLarge or InvalidCompressType."""
         raw = decompress(compress_type, body, raw_size, self._limits.raw_body_bytes_max)
         return raw, _check_raw(raw, self._limits)
 

@@ -1,7 +1,8 @@
 """The LogHub wire format as pure functions: no I/O, no clock (times are arguments).
 
 Both the server and the client build on this package, so a byte on the wire means the same
-thing on both sides: protobuf log groups (``logs``), body compression (``compression``),
+thing on both sides: protobuf log groups (``logs``, and ``logcheck``, which proves bytes a
+complete log group without building it), body compression (``compression``),
 cursors (``cursor``), request signatures (``signing``) and error bodies (``errors``).
 """
 

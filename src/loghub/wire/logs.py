@@ -6,8 +6,10 @@ the list: ``0x0A <varint length> <LogGroup bytes>``. ``frame_log_group`` writes 
 storage can keep each received group framed exactly as a pull returns it and serve a pull by
 concatenating stored bytes, with no re-encoding.
 
-``parse_log_group`` is the server's check of what it is about to store: anything that is not
-a complete ``LogGroup`` (bad encoding, a required field missing) is ``PostBodyInvalid``.
+``parse_log_group`` builds the message for a reader: anything that is not a complete
+``LogGroup`` (bad encoding, a required field missing) is ``PostBodyInvalid``. The server's
+check of what it is about to store gives the same verdict without building the message
+(``loghub.wire.logcheck``).
 Content values are proto ``string`` fields, but the SDK writes them as bytes and other writers
 may put non-UTF-8 data there; the upb runtime accepts that and hands such a value back as
 ``bytes``, which ``log_group_to_dict`` decodes with replacement characters.
