@@ -279,6 +279,10 @@ CASES: dict[str, tuple[bytes, Verdict]] = {
     "an empty log": (delimited(1, b""), "missing"),
     "Time as bytes": (delimited(1, delimited(1, b"ab")), "missing"),
     "Time as fixed32": (delimited(1, tag(1, 5) + b"\0\0\0\0"), "missing"),
+    # no field of the schema is a repeated scalar, so nothing is packed: a scalar written as
+    # a packed run is a known number with another wire type, an unknown field
+    "Time packed": (delimited(1, delimited(1, varint(5) + varint(6))), "missing"),
+    "Time_ns packed": (delimited(1, LOG + delimited(4, b"\0" * 8)), 1),
     "Time twice": (delimited(1, LOG + LOG), 1),
     "a content without Key": (delimited(1, LOG + delimited(2, delimited(2, b"v"))), "missing"),
     "a content without Value": (delimited(1, LOG + delimited(2, delimited(1, b"k"))), "missing"),
