@@ -16,7 +16,10 @@ and explicit cases, each measured against upb.
 
 from __future__ import annotations
 
+import itertools
 import random
+import threading
+import time
 
 import lz4.block
 import pytest
@@ -417,3 +420,39 @@ def test_a_large_group_gets_the_same_count_from_every_walk() -> None:
     assert len(raw) > 256 * 1024
     assert assert_same(raw) == 2000
     assert assert_same(raw[:-1]) == "malformed"
+
+
+def _longest_pause_while_walking(body: bytes) -> tuple[float, float]:
+    """(the longest time the calling thread went without a step of its loop while another
+    thread walked body, the walk's CPU time), in seconds. Holding the GIL, the walk would
+    pause the caller for all of its time; releasing it, only the OS's scheduling pauses it."""
+    assert compiled_scan is not None
+    started = threading.Event()
+    results: list[logcheck.Scan] = []
+    times: list[float] = []
+
+    def walk() -> None:
+        started.set()
+        began, cpu_began = time.perf_counter(), time.thread_time()
+        results.append(compiled_scan(body))
+        times.extend([began, time.perf_counter(), time.thread_time() - cpu_began])
+
+    thread = threading.Thread(target=walk)
+    thread.start()
+    started.wait()
+    steps = []
+    while thread.is_alive():
+        steps.append(time.perf_counter())
+    thread.join()
+    assert results == [(logcheck.OK, 0, 0, 0)]
+    began, ended, cpu_s = times
+    points = [began, *(at for at in steps if began < at < ended), ended]
+    return max(later - earlier for earlier, later in itertools.pairwise(points)), cpu_s
+
+
+def test_the_compiled_walk_lets_other_threads_run_while_it_walks_a_large_body() -> None:
+    """While one thread walks a 16 MiB body, another runs Python code: the walk releases
+    the GIL. Five tries, since a loaded machine may deschedule the caller for a while."""
+    body = tag(7, 0) + b"\x01"  # an unknown varint: the slowest bytes to walk, for a long walk
+    tries = [_longest_pause_while_walking(body * (8 << 20)) for _attempt in range(5)]
+    assert any(pause_s < cpu_s / 2 for pause_s, cpu_s in tries), tries
