@@ -83,6 +83,9 @@ Send = Callable[[Message], Awaitable[None]]
 T = TypeVar("T")
 
 _JSON = "application/json"
+# API labels kept for request shapes seen (a key holds no names, only the shape's parts; but
+# a client may send any first segment or selector, so the cache is bounded)
+_API_LABELS_CACHED_MAX = 1024
 _PROTOBUF = "application/x-protobuf"
 
 
@@ -179,8 +182,24 @@ def _json(value: Any, request_id: str) -> Response:
     )
 
 
+class _EmptyReply(Response):
+    """200 with no body, what every write answers: Starlette's Response with its header
+    building and background-task handling cut, as a PutLogs of a few logs is answered
+    thousands of times a second. The same headers as ``Response(b"", headers=...)``."""
+
+    def __init__(self, request_id: str) -> None:  # no super().__init__(): nothing to render
+        self.status_code = 200
+        self.body = b""
+        self.background = None
+        self.raw_headers = [(b"content-length", b"0"), (b"x-log-requestid", request_id.encode())]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": b""})
+
+
 def _empty(request_id: str) -> Response:
-    return Response(b"", headers={"x-log-requestid": request_id})
+    return _EmptyReply(request_id)
 
 
 def _error(exc: LogHubError, request_id: str) -> Response:
@@ -244,6 +263,7 @@ class LogHubApp:
         )
         limits = self.config.limits
         self._body_budget = BodyBudget(limits.inflight_body_bytes_max, limits.inflight_wait_s)
+        self._api_labels: dict[tuple[str, int, bool, str, str], str] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -286,12 +306,24 @@ class LogHubApp:
         path: str = request.scope["path"]
         if path in ("/health", "/metrics") or is_console_path(path):
             return
+        method: str = request.scope["method"]
+        parts = [p for p in path.split("/") if p]
         raw_query: bytes = request.scope.get("query_string", b"")
-        query = dict(parse_qsl(raw_query.decode("latin-1")))
-        api = api_label(request.method, [p for p in path.split("/") if p], query)
-        metrics = self.service.metrics
-        metrics.requests.labels(api, str(status)).inc()
-        metrics.request_seconds.labels(api).observe(elapsed_s)
+        # the label depends on the path's shape and the selector only: cached by those, so
+        # that a request pays no query parsing unless it carries a selector
+        selector = ""
+        if b"type=" in raw_query or b"action=" in raw_query:
+            query = dict(parse_qsl(raw_query.decode("latin-1")))
+            selector = f"{query.get('type', '')}&{query.get('action', '')}"
+        kind = parts[2] if len(parts) >= 3 and parts[2] in ("shards", "consumergroups") else ""
+        key = (method, len(parts), not parts or parts[0] == "logstores", kind, selector)
+        api = self._api_labels.get(key)
+        if api is None:
+            query = dict(parse_qsl(raw_query.decode("latin-1")))
+            api = api_label(method, parts, query)
+            if len(self._api_labels) < _API_LABELS_CACHED_MAX:
+                self._api_labels[key] = api
+        self.service.metrics.count_request(api, status, elapsed_s)
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args))
@@ -658,8 +690,7 @@ class LogHubApp:
             if raw_size_text.strip()
             else None
         )
-        await self._blocking(
-            self.service.put_logs,
+        await self.service.put_logs_async(
             project,
             logstore,
             target,
@@ -667,6 +698,7 @@ class LogHubApp:
             call.body,
             headers.get("x-log-compresstype"),
             raw_size,
+            self._blocking,
         )
         return _empty(call.request_id)
 
