@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import itertools
 import json
 import logging
 import os
@@ -264,6 +265,12 @@ class LogHubApp:
         limits = self.config.limits
         self._body_budget = BodyBudget(limits.inflight_body_bytes_max, limits.inflight_wait_s)
         self._api_labels: dict[tuple[str, int, bool, str, str], str] = {}
+        self._routed: dict[tuple[str, str], _Routed] = {}
+        # Request ids: 24 hex digits as before, a random half per process and a counter,
+        # instead of os.urandom per request (a system call that also lets other threads
+        # take the GIL from the event loop).
+        self._request_id_prefix = os.urandom(6).hex().upper()
+        self._request_numbers = itertools.count()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -272,7 +279,7 @@ class LogHubApp:
         if scope["type"] != "http":
             return
         request = Request(scope, receive)
-        request_id = os.urandom(12).hex().upper()
+        request_id = f"{self._request_id_prefix}{next(self._request_numbers):012X}"
         started = time.perf_counter()
         try:
             response = await self._handle(request, request_id)
@@ -374,12 +381,12 @@ class LogHubApp:
         if created:
             log.info("auto-split created shards %s", [s.shard_id for s in created])
 
-    def _body_room_bytes(self, request: Request) -> int:
+    def _body_room_bytes(self, headers: dict[str, str]) -> int:
         """The room a request's body takes in the in-flight budget: the larger of its length
         and its declared raw size; a body of unknown length (chunked) may be as large as
         allowed. Refuses a declared length over the limit (413) before anything is read."""
         limits = self.config.limits
-        declared = request.headers.get("content-length", "").strip()
+        declared = headers.get("content-length", "").strip()
         if declared.isascii() and declared.isdigit():
             if len(declared) > 12 or int(declared) > limits.request_body_bytes_max:
                 raise PostBodyTooLarge(
@@ -387,11 +394,11 @@ class LogHubApp:
                     f"{limits.request_body_bytes_max} are allowed"
                 )
             size = int(declared)
-        elif "transfer-encoding" in request.headers:
+        elif "transfer-encoding" in headers:
             size = limits.request_body_bytes_max
         else:
             size = 0
-        raw = request.headers.get("x-log-bodyrawsize", "").strip()
+        raw = headers.get("x-log-bodyrawsize", "").strip()
         if size and raw.isascii() and raw.isdigit():
             size = max(size, min(int(raw[:12]), limits.raw_body_bytes_max))
         return size
@@ -400,12 +407,20 @@ class LogHubApp:
         limit = self.config.limits.request_body_bytes_max
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
+        receive = request.receive  # ASGI messages as they come: no generator per request
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            chunk: bytes = message.get("body", b"")
             size += len(chunk)
             if size > limit:
                 raise PostBodyTooLarge(f"the body is over {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+            if chunk:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _handle(self, request: Request, request_id: str) -> Response:
         scope = request.scope
@@ -431,7 +446,7 @@ class LogHubApp:
             return await self._console.handle(request, headers, request_id)
         project = project_from_host(headers.get("host", ""), self.config.base_hosts)
         call = _Call(request, request_id, headers, project)
-        async with self._body_budget.room(self._body_room_bytes(request)):
+        async with self._body_budget.room(self._body_room_bytes(headers)):
             call.body = await self._read_body(request)
             if self.config.auth_enabled:
                 self._authenticate(call)
@@ -454,14 +469,17 @@ class LogHubApp:
         dropped: ``//logstores/`` is ``/logstores``); a path no route takes, or a method its
         route does not take, names no API."""
         path = "/" + "/".join(call.parts)
-        scope = {"type": "http", "path": path, "root_path": "", "method": call.method}
-        for route in _ROUTES:
-            match, child_scope = route.matches(scope)
-            # a regex's ``$`` also matches before a final newline: only the whole path counts
-            if match is Match.FULL and route.path_regex.fullmatch(path):
-                endpoint: _Endpoint = child_scope["endpoint"]
-                return await endpoint(self, call, **child_scope["path_params"])
-        raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
+        key = (call.method, path)
+        found = self._routed.get(key)
+        if found is None:
+            found = _match_route(call.method, path)
+            if len(self._routed) >= _ROUTES_CACHED_MAX:
+                self._routed.clear()  # a client walking many names: start again
+            self._routed[key] = found
+        if found is _NO_ROUTE:
+            raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
+        endpoint, path_params = found
+        return await endpoint(self, call, **path_params)
 
     async def _query_logs(self, call: _Call, logstore: str) -> Response:
         """GetLogs v2 (``POST .../logs``); GetIndex, and GetHistograms as the OpenAPI SDKs
@@ -735,6 +753,23 @@ class LogHubApp:
 
 
 _Endpoint = Callable[..., Awaitable[Response]]
+_Routed = tuple[_Endpoint, dict[str, Any]]
+# What a (method, path) was routed to is kept: matching walks every route's regex, which cost
+# a PutLogs more than the rest of its routing. Paths hold names, so the cache is bounded.
+_ROUTES_CACHED_MAX = 4096
+_NO_ROUTE: _Routed = (LogHubApp._query_logs, {})  # a marker, never called
+
+
+def _match_route(method: str, path: str) -> _Routed:
+    """The endpoint and path parameters of the route that takes (method, path), or
+    ``_NO_ROUTE``."""
+    scope = {"type": "http", "path": path, "root_path": "", "method": method}
+    for route in _ROUTES:
+        match, child_scope = route.matches(scope)
+        # a regex's ``$`` also matches before a final newline: only the whole path counts
+        if match is Match.FULL and route.path_regex.fullmatch(path):
+            return child_scope["endpoint"], child_scope["path_params"]
+    return _NO_ROUTE
 
 
 def _api(path: str, endpoint: _Endpoint, methods: tuple[str, ...] | None = None) -> Route:
