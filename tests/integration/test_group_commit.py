@@ -73,10 +73,13 @@ def test_concurrent_small_puts_share_fsyncs_and_are_all_stored(tmp_path: Path) -
         # a sync per shard per request (or per shard per pair) would be > requests / 2
         assert fsyncs <= requests / 3, (fsyncs, requests)
         with LogHubClient(server.endpoint) as client:
-            stored = sum(
+            per_shard = [
                 decode_cursor(client.get_cursor("commits", "store", shard, "end"))
                 for shard in range(SHARDS)
-            )
-        assert stored == requests
+            ]
+        assert sum(per_shard) == requests
+        # lb sends a whole round to one shard, and the next round to the emptiest one: the
+        # shards stay within about one round of each other
+        assert max(per_shard) - min(per_shard) <= 2 * CLIENTS, per_shard
     finally:
         server.stop()

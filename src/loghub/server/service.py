@@ -12,6 +12,7 @@ logs do their own locking.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import shutil
@@ -76,6 +77,15 @@ loop_body_bytes_max = 64 * 1024
 _RECORD_BYTES_FLOOR = 32 * 1024 * 1024
 
 
+@dataclass
+class _LbBalance:
+    """A logstore's `lb` state: the shard of the current commit round, bytes per shard."""
+
+    round: int
+    shard_id: int
+    bytes_by_shard: collections.Counter[int]
+
+
 @dataclass(frozen=True)
 class PullResult:
     body: bytes  # the (compressed) LogGroupList
@@ -133,6 +143,7 @@ class LogHubService:
         self.quotas = ShardQuotas(clock)
         self._closed = threading.Event()
         self._commits: CommitQueue | None = None
+        self._lb: dict[tuple[str, str], _LbBalance] = {}
         self._commits_lock = threading.Lock()
 
     def close(self) -> None:
@@ -162,6 +173,7 @@ class LogHubService:
 
     def delete_logstore(self, project: str, name: str) -> None:
         logstore = self.metadata.delete_logstore(project, name)
+        self._lb.pop((project, name), None)
         self.storage.drop_logstore(logstore.storage_key)
         self.metrics.forget_logstore(project, name)
 
@@ -169,6 +181,7 @@ class LogHubService:
         for logstore in self.metadata.delete_project(project):
             self.storage.drop_logstore(logstore.storage_key)
             self.metrics.forget_logstore(project, logstore.name)
+            self._lb.pop((project, logstore.name), None)
 
     # -- data path ---------------------------------------------------------------------------
 
@@ -292,10 +305,11 @@ class LogHubService:
         logstore: str,
         target: str,
         hash_key: str | None,
-        lb_turn: int | None = None,
+        lb_round: int | None = None,
     ) -> Shard:
-        """The shard a PutLogs goes to: `lb` (any readwrite shard: the ``lb_turn``-th in
-        turn, or the next in turn when None), `route` (by key), or an id."""
+        """The shard a PutLogs goes to: `lb` (any readwrite shard), `route` (by key), or an
+        id. With ``lb_round`` (the commit round being filled), every `lb` write of one round
+        goes to one shard (see ``_lb_shard``); without, `lb` takes the shards in turn."""
         if target == "route":
             if hash_key is None:
                 raise ParameterInvalid("a routed write needs the query parameter key")
@@ -304,8 +318,9 @@ class LogHubService:
             writable = [s for s in self.metadata.list_shards(project, logstore) if _writable(s)]
             if not writable:
                 raise ShardNotExist(f"logstore {logstore} has no readwrite shard")
-            turn = next(self._round_robin) if lb_turn is None else lb_turn
-            return writable[turn % len(writable)]
+            if lb_round is not None:
+                return self._lb_shard(project, logstore, writable, lb_round)
+            return writable[next(self._round_robin) % len(writable)]
         shard = self.metadata.get_shard(project, logstore, parse_shard_id(target))
         if not _writable(shard):
             raise ShardReadOnly(f"shard {shard.shard_id} is readonly")
@@ -397,8 +412,29 @@ class LogHubService:
                 continue
             self.autosplit.record(project, logstore, shard.shard_id, len(payload))
             self.metrics.count_ingest(project, logstore, shard.shard_id, log_count, len(raw))
+            balance = self._lb.get((project, logstore))
+            if target == "lb" and balance is not None:
+                balance.bytes_by_shard[shard.shard_id] += len(payload)
             return sequence
         raise ShardReadOnly(f"logstore {logstore} kept resharding; try again")
+
+    def _lb_shard(self, project: str, logstore: str, writable: list[Shard], round_: int) -> Shard:
+        """The shard for `lb` writes in commit round ``round_``: the one chosen by the
+        round's first `lb` write, which took the writable shard that has received the fewest
+        `lb` bytes so far. So a round of load-balanced writes costs one fdatasync, and the
+        shards stay even however rounds vary in size (taking them in turn per round would
+        not: rounds often alternate large and small). Called on the event loop only."""
+        key = (project, logstore)
+        balance = self._lb.get(key)
+        if balance is None:
+            balance = self._lb[key] = _LbBalance(-1, -1, collections.Counter())
+        if balance.round == round_:
+            for shard in writable:
+                if shard.shard_id == balance.shard_id:
+                    return shard
+        chosen = min(writable, key=lambda s: balance.bytes_by_shard[s.shard_id])
+        balance.round, balance.shard_id = round_, chosen.shard_id
+        return chosen
 
     def _commit_queue(self) -> CommitQueue:
         """The commit queue of the running loop (made on first use: the loop exists only
