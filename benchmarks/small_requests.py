@@ -31,6 +31,7 @@ import os
 import re
 import signal
 import socket
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -514,8 +515,7 @@ def main() -> None:
 
 
 def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2] if ordered else float("nan")
+    return statistics.median(values) if values else float("nan")
 
 
 def _summarise(
