@@ -39,6 +39,7 @@ chaos: $(STAMP) system-deps
 
 bench: $(STAMP)
 	$(PY) benchmarks/ingest.py
+	$(PY) benchmarks/small_requests.py
 	$(PY) benchmarks/pull.py
 	$(PY) benchmarks/groups.py
 	$(PY) benchmarks/rebalance.py

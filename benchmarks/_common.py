@@ -226,11 +226,12 @@ def request(
         conn.close()
 
 
-def create_logstore(port: int, shards: int) -> None:
-    for path, payload in (
-        ("/", {"projectName": PROJECT, "description": "benchmark"}),
-        ("/logstores", {"logstoreName": LOGSTORE, "ttl": 7, "shardCount": shards}),
-    ):
+def create_logstore(port: int, shards: int, name: str = LOGSTORE, project: bool = True) -> None:
+    """Creates the project (unless ``project`` is False: it exists) and a logstore in it."""
+    steps = [("/logstores", {"logstoreName": name, "ttl": 7, "shardCount": shards})]
+    if project:
+        steps.insert(0, ("/", {"projectName": PROJECT, "description": "benchmark"}))
+    for path, payload in steps:
         status, _, data = request(
             port, "POST", path, json.dumps(payload).encode(),
             {"Content-Type": "application/json", "x-log-apiversion": "0.6.0"},
@@ -323,6 +324,38 @@ def _put_headers(batch: Batch) -> dict[str, str]:
     }
 
 
+class HttpPutSender:
+    """PutLogs of the batches over one keep-alive ``http.client`` connection (the default
+    producer). A sender is built in the producer process: ``connect``, then ``send`` per
+    request, which returns None for a 200 or the error's description."""
+
+    def __init__(self, port: int, batches: list[Batch], path: str) -> None:
+        self.port, self.batches, self.path = port, batches, path
+        self.headers = [_put_headers(batch) for batch in batches]
+        self.conn: http.client.HTTPConnection | None = None
+
+    def connect(self) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+
+    def send(self, index: int) -> str | None:
+        assert self.conn is not None
+        self.conn.request(
+            "POST", self.path, body=self.batches[index].body, headers=self.headers[index]
+        )
+        response = self.conn.getresponse()
+        data = response.read()
+        if response.status != 200:
+            return f"{response.status}: {data[:200].decode(errors='replace')}"
+        return None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+SenderFactory = Any  # (port, batches, path) -> a sender as HttpPutSender; picklable or forked
+
+
 def _producer(
     port: int,
     index: int,
@@ -332,15 +365,17 @@ def _producer(
     measure_until: float,
     max_requests: int | None,
     out: Any,
+    sender_factory: SenderFactory = HttpPutSender,
 ) -> None:
     """Sends batches round robin until ``measure_until`` (or ``max_requests`` sent); counts
-    the 200s that both started and finished inside [measure_from, measure_until]."""
+    the successes that both started and finished inside [measure_from, measure_until]."""
     result = ProducerResult()
-    headers = [_put_headers(batch) for batch in batches]
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     cpu_start = time.process_time()
     position = index * 5
+    sender = None
     try:
+        sender = sender_factory(port, batches, path)
+        sender.connect()
         while True:
             if max_requests is not None and result.total_requests >= max_requests:
                 break
@@ -351,22 +386,18 @@ def _producer(
             position += 1
             batch = batches[batch_index]
             try:
-                conn.request("POST", path, body=batch.body, headers=headers[batch_index])
-                response = conn.getresponse()
-                data = response.read()
-                status = response.status
+                error = sender.send(batch_index)
             except (OSError, http.client.HTTPException) as exc:
                 key = f"connection error: {exc!r}"
                 result.errors[key] = result.errors.get(key, 0) + 1
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+                sender.close()
+                sender.connect()
                 time.sleep(0.01)
                 continue
             finished = time.monotonic()
             result.total_requests += 1
-            if status != 200:
-                key = f"{status}: {data[:200].decode(errors='replace')}"
-                result.errors[key] = result.errors.get(key, 0) + 1
+            if error is not None:
+                result.errors[error] = result.errors.get(error, 0) + 1
                 continue
             if started >= measure_from and finished <= measure_until:
                 result.ok_requests += 1
@@ -374,8 +405,11 @@ def _producer(
                 result.ok_raw_bytes += batch.raw_size
                 result.ok_body_bytes += len(batch.body)
                 result.latencies_s.append(finished - started)
+    except Exception as exc:  # the parent prints it, and does not wait for this producer
+        result.errors[f"producer failed: {exc!r}"] = 1
     finally:
-        conn.close()
+        if sender is not None:
+            sender.close()
         result.cpu_s = time.process_time() - cpu_start
         out.put((index, result))
 
@@ -405,7 +439,7 @@ class IngestRun:
 
 
 def run_producers(
-    server: ServerChild,
+    server: Any,
     batches: list[Batch],
     producers: int,
     *,
@@ -413,10 +447,14 @@ def run_producers(
     warmup_s: float = 0.0,
     seconds: float | None = None,
     requests_each: int | None = None,
+    sender_factory: SenderFactory = HttpPutSender,
 ) -> IngestRun:
     """Either a timed run (warm-up then ``seconds`` measured) or a fixed number of requests
-    per producer (``requests_each``; then every 200 counts and the window is the wall time).
-    Producer i sends to ``paths[i % len(paths)]``."""
+    per producer (``requests_each``; then every success counts and the window is the wall
+    time). Producer i sends to ``paths[i % len(paths)]`` through
+    ``sender_factory(port, batches, path)`` (PutLogs over http.client by default; another
+    system's client for a peer). ``server`` is anything with ``port`` and ``pid`` (a
+    ``ServerChild``, a peer such as ``RedisServer``)."""
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     start_at = time.monotonic() + 0.5  # time for the processes to start
@@ -438,6 +476,7 @@ def run_producers(
                 measure_until,
                 requests_each,
                 out,
+                sender_factory,
             ),  # fmt: skip
             daemon=True,
         )

@@ -160,12 +160,18 @@ def test_a_scrape_during_traffic_shows_a_lagging_groups_lag_and_ingest_per_logst
     assert value("loghub_request_seconds_count", api=put_api) >= 2 * 5
 
 
-def test_the_label_children_of_a_shard_are_resolved_once() -> None:
+def test_data_path_counts_are_plain_tallies_read_at_scrape_time() -> None:
     metrics = ServerMetrics()
     metrics.count_ingest("p", "s", 3, 10, 100)
-    cached = metrics._shard("p", "s", 3)
     metrics.count_ingest("p", "s", 3, 5, 50)
-    assert metrics._shard("p", "s", 3) is cached
+    metrics.count_request("POST /logstores/{logstore}/shards/{shard}", 200, 0.002)
     assert metrics.ingest_totals() == {("p", "s"): (15.0, 150.0)}
+    text = metrics.exposition().decode()
+    assert 'loghub_ingest_logs_total{logstore="s",project="p",shard="3"} 15.0' in text
+    assert (
+        'loghub_request_seconds_bucket{api="POST /logstores/{logstore}/shards/{shard}",le="0.005"}'
+        " 1.0" in text
+    )
     metrics.forget_logstore("p", "s")
     assert metrics.ingest_totals() == {}
+    assert "loghub_ingest_logs_total{" not in metrics.exposition().decode()

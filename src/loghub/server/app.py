@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import itertools
 import json
 import logging
 import os
@@ -83,6 +84,9 @@ Send = Callable[[Message], Awaitable[None]]
 T = TypeVar("T")
 
 _JSON = "application/json"
+# API labels kept for request shapes seen (a key holds no names, only the shape's parts; but
+# a client may send any first segment or selector, so the cache is bounded)
+_API_LABELS_CACHED_MAX = 1024
 _PROTOBUF = "application/x-protobuf"
 
 
@@ -179,8 +183,24 @@ def _json(value: Any, request_id: str) -> Response:
     )
 
 
+class _EmptyReply(Response):
+    """200 with no body, what every write answers: Starlette's Response with its header
+    building and background-task handling cut, as a PutLogs of a few logs is answered
+    thousands of times a second. The same headers as ``Response(b"", headers=...)``."""
+
+    def __init__(self, request_id: str) -> None:  # no super().__init__(): nothing to render
+        self.status_code = 200
+        self.body = b""
+        self.background = None
+        self.raw_headers = [(b"content-length", b"0"), (b"x-log-requestid", request_id.encode())]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": b""})
+
+
 def _empty(request_id: str) -> Response:
-    return Response(b"", headers={"x-log-requestid": request_id})
+    return _EmptyReply(request_id)
 
 
 def _error(exc: LogHubError, request_id: str) -> Response:
@@ -244,6 +264,13 @@ class LogHubApp:
         )
         limits = self.config.limits
         self._body_budget = BodyBudget(limits.inflight_body_bytes_max, limits.inflight_wait_s)
+        self._api_labels: dict[tuple[str, int, bool, str, str], str] = {}
+        self._routed: dict[tuple[str, str], _Routed] = {}
+        # Request ids: 24 hex digits as before, a random half per process and a counter,
+        # instead of os.urandom per request (a system call that also lets other threads
+        # take the GIL from the event loop).
+        self._request_id_prefix = os.urandom(6).hex().upper()
+        self._request_numbers = itertools.count()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -252,7 +279,7 @@ class LogHubApp:
         if scope["type"] != "http":
             return
         request = Request(scope, receive)
-        request_id = os.urandom(12).hex().upper()
+        request_id = f"{self._request_id_prefix}{next(self._request_numbers):012X}"
         started = time.perf_counter()
         try:
             response = await self._handle(request, request_id)
@@ -286,12 +313,24 @@ class LogHubApp:
         path: str = request.scope["path"]
         if path in ("/health", "/metrics") or is_console_path(path):
             return
+        method: str = request.scope["method"]
+        parts = [p for p in path.split("/") if p]
         raw_query: bytes = request.scope.get("query_string", b"")
-        query = dict(parse_qsl(raw_query.decode("latin-1")))
-        api = api_label(request.method, [p for p in path.split("/") if p], query)
-        metrics = self.service.metrics
-        metrics.requests.labels(api, str(status)).inc()
-        metrics.request_seconds.labels(api).observe(elapsed_s)
+        # the label depends on the path's shape and the selector only: cached by those, so
+        # that a request pays no query parsing unless it carries a selector
+        selector = ""
+        if b"type=" in raw_query or b"action=" in raw_query:
+            query = dict(parse_qsl(raw_query.decode("latin-1")))
+            selector = f"{query.get('type', '')}&{query.get('action', '')}"
+        kind = parts[2] if len(parts) >= 3 and parts[2] in ("shards", "consumergroups") else ""
+        key = (method, len(parts), not parts or parts[0] == "logstores", kind, selector)
+        api = self._api_labels.get(key)
+        if api is None:
+            query = dict(parse_qsl(raw_query.decode("latin-1")))
+            api = api_label(method, parts, query)
+            if len(self._api_labels) < _API_LABELS_CACHED_MAX:
+                self._api_labels[key] = api
+        self.service.metrics.count_request(api, status, elapsed_s)
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args))
@@ -342,12 +381,12 @@ class LogHubApp:
         if created:
             log.info("auto-split created shards %s", [s.shard_id for s in created])
 
-    def _body_room_bytes(self, request: Request) -> int:
+    def _body_room_bytes(self, headers: dict[str, str]) -> int:
         """The room a request's body takes in the in-flight budget: the larger of its length
         and its declared raw size; a body of unknown length (chunked) may be as large as
         allowed. Refuses a declared length over the limit (413) before anything is read."""
         limits = self.config.limits
-        declared = request.headers.get("content-length", "").strip()
+        declared = headers.get("content-length", "").strip()
         if declared.isascii() and declared.isdigit():
             if len(declared) > 12 or int(declared) > limits.request_body_bytes_max:
                 raise PostBodyTooLarge(
@@ -355,11 +394,11 @@ class LogHubApp:
                     f"{limits.request_body_bytes_max} are allowed"
                 )
             size = int(declared)
-        elif "transfer-encoding" in request.headers:
+        elif "transfer-encoding" in headers:
             size = limits.request_body_bytes_max
         else:
             size = 0
-        raw = request.headers.get("x-log-bodyrawsize", "").strip()
+        raw = headers.get("x-log-bodyrawsize", "").strip()
         if size and raw.isascii() and raw.isdigit():
             size = max(size, min(int(raw[:12]), limits.raw_body_bytes_max))
         return size
@@ -368,12 +407,20 @@ class LogHubApp:
         limit = self.config.limits.request_body_bytes_max
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
+        receive = request.receive  # ASGI messages as they come: no generator per request
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            chunk: bytes = message.get("body", b"")
             size += len(chunk)
             if size > limit:
                 raise PostBodyTooLarge(f"the body is over {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+            if chunk:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _handle(self, request: Request, request_id: str) -> Response:
         scope = request.scope
@@ -399,7 +446,7 @@ class LogHubApp:
             return await self._console.handle(request, headers, request_id)
         project = project_from_host(headers.get("host", ""), self.config.base_hosts)
         call = _Call(request, request_id, headers, project)
-        async with self._body_budget.room(self._body_room_bytes(request)):
+        async with self._body_budget.room(self._body_room_bytes(headers)):
             call.body = await self._read_body(request)
             if self.config.auth_enabled:
                 self._authenticate(call)
@@ -422,14 +469,17 @@ class LogHubApp:
         dropped: ``//logstores/`` is ``/logstores``); a path no route takes, or a method its
         route does not take, names no API."""
         path = "/" + "/".join(call.parts)
-        scope = {"type": "http", "path": path, "root_path": "", "method": call.method}
-        for route in _ROUTES:
-            match, child_scope = route.matches(scope)
-            # a regex's ``$`` also matches before a final newline: only the whole path counts
-            if match is Match.FULL and route.path_regex.fullmatch(path):
-                endpoint: _Endpoint = child_scope["endpoint"]
-                return await endpoint(self, call, **child_scope["path_params"])
-        raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
+        key = (call.method, path)
+        found = self._routed.get(key)
+        if found is None:
+            found = _match_route(call.method, path)
+            if len(self._routed) >= _ROUTES_CACHED_MAX:
+                self._routed.clear()  # a client walking many names: start again
+            self._routed[key] = found
+        if found is _NO_ROUTE:
+            raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
+        endpoint, path_params = found
+        return await endpoint(self, call, **path_params)
 
     async def _query_logs(self, call: _Call, logstore: str) -> Response:
         """GetLogs v2 (``POST .../logs``); GetIndex, and GetHistograms as the OpenAPI SDKs
@@ -658,8 +708,7 @@ class LogHubApp:
             if raw_size_text.strip()
             else None
         )
-        await self._blocking(
-            self.service.put_logs,
+        await self.service.put_logs_async(
             project,
             logstore,
             target,
@@ -667,6 +716,7 @@ class LogHubApp:
             call.body,
             headers.get("x-log-compresstype"),
             raw_size,
+            self._blocking,
         )
         return _empty(call.request_id)
 
@@ -703,6 +753,23 @@ class LogHubApp:
 
 
 _Endpoint = Callable[..., Awaitable[Response]]
+_Routed = tuple[_Endpoint, dict[str, Any]]
+# What a (method, path) was routed to is kept: matching walks every route's regex, which cost
+# a PutLogs more than the rest of its routing. Paths hold names, so the cache is bounded.
+_ROUTES_CACHED_MAX = 4096
+_NO_ROUTE: _Routed = (LogHubApp._query_logs, {})  # a marker, never called
+
+
+def _match_route(method: str, path: str) -> _Routed:
+    """The endpoint and path parameters of the route that takes (method, path), or
+    ``_NO_ROUTE``."""
+    scope = {"type": "http", "path": path, "root_path": "", "method": method}
+    for route in _ROUTES:
+        match, child_scope = route.matches(scope)
+        # a regex's ``$`` also matches before a final newline: only the whole path counts
+        if match is Match.FULL and route.path_regex.fullmatch(path):
+            return child_scope["endpoint"], child_scope["path_params"]
+    return _NO_ROUTE
 
 
 def _api(path: str, endpoint: _Endpoint, methods: tuple[str, ...] | None = None) -> Route:

@@ -110,6 +110,8 @@ def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
         http=bounded_protocol(config.limits),
         lifespan="on",
         access_log=False,
+        # LogHub reads no client address; the middleware would cost every request a layer
+        proxy_headers=False,
         log_level="warning",
         # the protocol closes idle connections itself; uvicorn's own timer agrees with it
         timeout_keep_alive=math.ceil(config.limits.idle_timeout_s),

@@ -7,9 +7,11 @@ shape, e.g. ``GET /logstores/{logstore}/shards/{shard}?type=log``.
 
 What is counted where, and what it costs:
 
-- On the data path (every PutLogs and PullLogs): per (project, logstore, shard) counters.
-  The four label children of a shard are looked up once and cached in one dict keyed by the
-  tuple, so a request pays a dict lookup and four increments, not four label resolutions.
+- On the data path (every PutLogs and PullLogs): per (project, logstore, shard) counters,
+  and per request its API's count, by status, and its time. These are plain integers in
+  dicts (``_ShardTally``, ``_RequestTally``) under one lock, turned into Prometheus series
+  by a collector at scrape time: a request pays a dict lookup and a few additions (well
+  under a microsecond), not prometheus-client's label resolution and per-value locks.
   Ingest counts logs (the body check counts them anyway) and uncompressed bytes; pull counts
   log groups, the unit stored and read back, because counting the logs of a reply would parse
   every byte the pull path otherwise only copies.
@@ -27,13 +29,19 @@ a lock (a lookup that misses takes it once per shard and process lifetime).
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from loghub.storage import ShardStoreStatistics
@@ -107,44 +115,43 @@ class SnapshotSource(Protocol):
     def disk_free_bytes(self) -> int: ...
 
 
-@dataclass(frozen=True)
-class _ShardCounters:
-    ingest_logs: Counter
-    ingest_bytes: Counter
-    pull_log_groups: Counter
-    pull_bytes: Counter
+class _ShardTally:
+    """A shard's data-path counters, plain integers (see the module docstring)."""
+
+    __slots__ = ("ingest_bytes", "ingest_logs", "pull_bytes", "pull_log_groups")
+
+    def __init__(self) -> None:
+        self.ingest_logs = self.ingest_bytes = self.pull_log_groups = self.pull_bytes = 0
+
+
+_REQUEST_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+
+
+class _RequestTally:
+    """One API's answers: how many by status, and a histogram of their times."""
+
+    __slots__ = ("by_status", "in_bucket", "sum_s")
+
+    def __init__(self) -> None:
+        self.by_status: dict[int, int] = {}
+        self.in_bucket = [0] * (len(_REQUEST_BUCKETS_S) + 1)  # the last: over the largest
+        self.sum_s = 0.0
+
+
+# (counter name, help, _ShardTally attribute)
+_SHARD_SERIES = (
+    ("loghub_ingest_logs", "Logs stored by PutLogs.", "ingest_logs"),
+    ("loghub_ingest_bytes", "Uncompressed bytes stored by PutLogs.", "ingest_bytes"),
+    ("loghub_pull_log_groups", "Log groups returned by PullLogs.", "pull_log_groups"),
+    ("loghub_pull_bytes", "Uncompressed bytes returned by PullLogs.", "pull_bytes"),
+)
 
 
 class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            "loghub_requests", "Requests answered, by API and HTTP status.",
-            ["api", "status"], registry=self.registry,
-        )  # fmt: skip
-        self.request_seconds = Histogram(
-            "loghub_request_seconds", "Time to answer a request, by API.", ["api"],
-            registry=self.registry,
-            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
-        )  # fmt: skip
         self.errors = Counter(
             "loghub_errors", "Error answers, by LogHub error code.", ["code"],
-            registry=self.registry,
-        )  # fmt: skip
-        self.ingest_logs = Counter(
-            "loghub_ingest_logs", "Logs stored by PutLogs.", _SHARD_LABELS,
-            registry=self.registry,
-        )  # fmt: skip
-        self.ingest_bytes = Counter(
-            "loghub_ingest_bytes", "Uncompressed bytes stored by PutLogs.", _SHARD_LABELS,
-            registry=self.registry,
-        )  # fmt: skip
-        self.pull_log_groups = Counter(
-            "loghub_pull_log_groups", "Log groups returned by PullLogs.", _SHARD_LABELS,
-            registry=self.registry,
-        )  # fmt: skip
-        self.pull_bytes = Counter(
-            "loghub_pull_bytes", "Uncompressed bytes returned by PullLogs.", _SHARD_LABELS,
             registry=self.registry,
         )  # fmt: skip
         self.fsync_seconds = Histogram(
@@ -165,36 +172,41 @@ class ServerMetrics:
             "Shards that went from one live consumer to another.",
             _GROUP_LABELS, registry=self.registry,
         )  # fmt: skip
-        self._shards: dict[tuple[str, str, int], _ShardCounters] = {}
-        self._shards_lock = threading.Lock()
+        self._tally_lock = threading.Lock()
+        self._shards: dict[tuple[str, str, int], _ShardTally] = {}
+        self._requests: dict[str, _RequestTally] = {}
+        self.registry.register(_TallyCollector(self))
 
-    def _shard(self, project: str, logstore: str, shard_id: int) -> _ShardCounters:
-        key = (project, logstore, shard_id)
-        counters = self._shards.get(key)
-        if counters is None:
-            with self._shards_lock:
-                labels = (project, logstore, str(shard_id))
-                counters = self._shards[key] = _ShardCounters(
-                    self.ingest_logs.labels(*labels),
-                    self.ingest_bytes.labels(*labels),
-                    self.pull_log_groups.labels(*labels),
-                    self.pull_bytes.labels(*labels),
-                )
-        return counters
+    def _shard(self, key: tuple[str, str, int]) -> _ShardTally:
+        tally = self._shards.get(key)
+        if tally is None:
+            tally = self._shards[key] = _ShardTally()
+        return tally
+
+    def count_request(self, api: str, status: int, elapsed_s: float) -> None:
+        with self._tally_lock:
+            tally = self._requests.get(api)
+            if tally is None:
+                tally = self._requests[api] = _RequestTally()
+            tally.by_status[status] = tally.by_status.get(status, 0) + 1
+            tally.in_bucket[bisect.bisect_left(_REQUEST_BUCKETS_S, elapsed_s)] += 1
+            tally.sum_s += elapsed_s
 
     def count_ingest(
         self, project: str, logstore: str, shard_id: int, logs: int, raw_bytes: int
     ) -> None:
-        counters = self._shard(project, logstore, shard_id)
-        counters.ingest_logs.inc(logs)
-        counters.ingest_bytes.inc(raw_bytes)
+        with self._tally_lock:
+            tally = self._shard((project, logstore, shard_id))
+            tally.ingest_logs += logs
+            tally.ingest_bytes += raw_bytes
 
     def count_pull(
         self, project: str, logstore: str, shard_id: int, log_groups: int, raw_bytes: int
     ) -> None:
-        counters = self._shard(project, logstore, shard_id)
-        counters.pull_log_groups.inc(log_groups)
-        counters.pull_bytes.inc(raw_bytes)
+        with self._tally_lock:
+            tally = self._shard((project, logstore, shard_id))
+            tally.pull_log_groups += log_groups
+            tally.pull_bytes += raw_bytes
 
     def count_heartbeat(self, group: tuple[str, str, str], changed: bool, handoffs: int) -> None:
         self.heartbeats.labels(*group).inc()
@@ -206,31 +218,46 @@ class ServerMetrics:
     def forget_logstore(self, project: str, logstore: str) -> None:
         """Drops a deleted logstore's series, so that a scrape does not report it forever
         (and a new logstore of the same name starts from zero)."""
-        with self._shards_lock:
+        with self._tally_lock:
             for key in [key for key in self._shards if key[:2] == (project, logstore)]:
                 del self._shards[key]
-                labels = (project, logstore, str(key[2]))
-                for counter in (
-                    self.ingest_logs,
-                    self.ingest_bytes,
-                    self.pull_log_groups,
-                    self.pull_bytes,
-                ):
-                    counter.remove(*labels)
 
     def ingest_totals(self) -> dict[tuple[str, str], tuple[float, float]]:
         """(logs, bytes) ingested since start, per (project, logstore): for the console."""
         totals: dict[tuple[str, str], tuple[float, float]] = {}
-        for counter, index in ((self.ingest_logs, 0), (self.ingest_bytes, 1)):
-            for metric in counter.collect():
-                for sample in metric.samples:
-                    if not sample.name.endswith("_total"):
-                        continue
-                    key = (sample.labels["project"], sample.labels["logstore"])
-                    pair = list(totals.get(key, (0.0, 0.0)))
-                    pair[index] += sample.value
-                    totals[key] = (pair[0], pair[1])
+        with self._tally_lock:
+            for (project, logstore, _shard_id), tally in self._shards.items():
+                logs, size = totals.get((project, logstore), (0.0, 0.0))
+                totals[(project, logstore)] = (logs + tally.ingest_logs, size + tally.ingest_bytes)
         return totals
+
+    def tallies(self) -> tuple[list[tuple[tuple[str, str, int], _ShardTally]], list[Metric]]:
+        """A copy of the shard tallies and the request families, for the collector."""
+        with self._tally_lock:
+            shards = []
+            for key, tally in self._shards.items():
+                copy = _ShardTally()
+                for name in _ShardTally.__slots__:
+                    setattr(copy, name, getattr(tally, name))
+                shards.append((key, copy))
+            requests = CounterMetricFamily(
+                "loghub_requests", "Requests answered, by API and HTTP status.",
+                labels=["api", "status"],
+            )  # fmt: skip
+            seconds = HistogramMetricFamily(
+                "loghub_request_seconds", "Time to answer a request, by API.", labels=["api"]
+            )
+            for api, request_tally in self._requests.items():
+                for status, count in request_tally.by_status.items():
+                    requests.add_metric([api, str(status)], count)
+                cumulative, buckets = 0, []
+                for bound, count in zip(
+                    (*_REQUEST_BUCKETS_S, float("inf")), request_tally.in_bucket, strict=True
+                ):
+                    cumulative += count
+                    buckets.append(("+Inf" if bound == float("inf") else str(bound), cumulative))
+                seconds.add_metric([api], buckets, request_tally.sum_s)
+        return shards, [requests, seconds]
 
     def watch_storage(self, statistics: Callable[[], ShardStoreStatistics]) -> None:
         """Gauges read from the shard store at each scrape: damage found on disk (what an
@@ -254,6 +281,25 @@ class ServerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _TallyCollector(Collector):
+    """The data-path counters, read from their tallies at scrape time."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        shards, request_families = self._metrics.tallies()
+        for name, help_text, attribute in _SHARD_SERIES:
+            family = CounterMetricFamily(name, help_text, labels=list(_SHARD_LABELS))
+            for (project, logstore, shard_id), tally in shards:
+                family.add_metric([project, logstore, str(shard_id)], getattr(tally, attribute))
+            yield family
+        yield from request_families
 
 
 class _SnapshotCollector(Collector):

@@ -7,7 +7,13 @@ docstring (``segment``, ``offset_index``, ``time_index``, ``shard_log``, ``shard
 from loghub.storage._files import raise_open_files_limit
 from loghub.storage.offset_index import OffsetIndex
 from loghub.storage.segment import Segment
-from loghub.storage.shard_log import ReadBatch, ShardLog, ShardLogStatistics, StorageConfig
+from loghub.storage.shard_log import (
+    ReadBatch,
+    ShardLog,
+    ShardLogStatistics,
+    StagedAppend,
+    StorageConfig,
+)
 from loghub.storage.shard_store import ShardStore, ShardStoreStatistics
 from loghub.storage.time_index import TimeIndex
 
@@ -19,6 +25,7 @@ __all__ = [
     "ShardLogStatistics",
     "ShardStore",
     "ShardStoreStatistics",
+    "StagedAppend",
     "StorageConfig",
     "TimeIndex",
     "raise_open_files_limit",

@@ -12,6 +12,15 @@ Life cycle of an append under ``fsync_policy="always"`` (group commit, leader/fo
     queue, assigns sequences, one os.write, one fdatasync --> publishes end_seq --> wakes all
     followers, whose records went out in that batch (or become the next leader)
 
+A caller that batches appends of many shards itself (the server's commit queue: one thread
+that writes every shard a round touched, then syncs them) uses the two halves of that:
+
+    stage_append(payloads) -- writer role taken, sequences assigned, one os.write, no sync
+    complete_append(staged) -- fdatasync (under "always"), end_seq published, role released
+
+so that the writes of all shards go out before the first fdatasync waits. Between the two
+the records are in the file but not readable (end_seq is unchanged) and other writers wait.
+
 Under ``"interval"`` the append returns after the write, and a background thread fdatasyncs
 every ``fsync_interval_ms``. A failed write or sync truncates the file back to where the batch
 began and raises, for every record of the batch, ``DiskFullError`` when the disk is full (the
@@ -48,7 +57,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
 
 from loghub._clock import Clock
 from loghub.errors import (
@@ -74,7 +83,7 @@ from loghub.storage.segment import (
     segment_base_sequences,
 )
 
-__all__ = ["ReadBatch", "ShardLog", "ShardLogStatistics", "StorageConfig"]
+__all__ = ["ReadBatch", "ShardLog", "ShardLogStatistics", "StagedAppend", "StorageConfig"]
 
 logger = logging.getLogger("loghub.storage")
 
@@ -158,6 +167,27 @@ class _DamageFound(Exception):
 
 # A record ready to write: (sequence, receive_time_ms, header, payload).
 _Record = tuple[int, int, bytes, bytes]
+
+
+@dataclass(frozen=True)
+class _UndoPoint:
+    """Where a batch began, to cut it off again if it fails."""
+
+    segment: Segment
+    size_bytes: int
+    next_seq: int
+    time_ms: int
+
+
+@dataclass
+class StagedAppend:
+    """Records written by ``stage_append`` and not yet synced nor published: the holder has
+    the shard's writer role and must pass this to ``complete_append`` (or ``abort_append``)."""
+
+    first_seq: int
+    records: list[_Record]
+    undo: _UndoPoint
+    created: list[Segment]
 
 
 @dataclass
@@ -255,11 +285,7 @@ class ShardLog:
 
     def append(self, payload: bytes, receive_time_ms: int) -> int:
         """Appends one record; returns its sequence once it is durable under the policy."""
-        if len(payload) > self._config.payload_bytes_max:
-            raise RecordTooLargeError(
-                f"payload of {len(payload)} bytes over the limit of "
-                f"{self._config.payload_bytes_max}"
-            )
+        self.check_payload_size(len(payload))
         assert receive_time_ms >= 0
         request = _PendingAppend(payload, receive_time_ms)
         with self._condition:
@@ -302,6 +328,76 @@ class ShardLog:
                 request.done = True
             self._writer_busy = False
             self._condition.notify_all()
+
+    def check_payload_size(self, size_bytes: int) -> None:
+        """Raises RecordTooLargeError for a payload this log would refuse."""
+        if size_bytes > self._config.payload_bytes_max:
+            raise RecordTooLargeError(
+                f"payload of {size_bytes} bytes over the limit of {self._config.payload_bytes_max}"
+            )
+
+    def stage_append(self, payloads: list[tuple[bytes, int]]) -> StagedAppend:
+        """First half of a batched append of ``(payload, receive_time_ms)`` records: waits for
+        the writer role, numbers the records and writes them with one write per segment,
+        without syncing or publishing them. On success the caller holds the writer role until
+        ``complete_append`` or ``abort_append``; on failure the batch is cut off again, the
+        role released, and DiskFullError, StorageError or LogSealedError raised. Payload
+        sizes must have passed ``check_payload_size``."""
+        assert payloads
+        with self._condition:
+            self._acquire_writer()
+            try:
+                self._check_not_sealed()
+                first_seq, time_ms = self._end_seq, self._last_time_ms
+                records: list[_Record] = []
+                for offset, (payload, receive_time_ms) in enumerate(payloads):
+                    assert len(payload) <= self._config.payload_bytes_max
+                    time_ms = max(time_ms, receive_time_ms)
+                    records.append((first_seq + offset, time_ms, b"", payload))
+                undo = self._undo_point()
+            except BaseException:
+                self._release_writer()
+                raise
+        created: list[Segment] = []
+        try:
+            framed = self._framed(records)
+            self._write_batch(framed, created, sync=False)
+        except BaseException as exc:
+            with self._condition:
+                try:
+                    self._undo(undo, created, exc)
+                finally:
+                    self._release_writer()
+        return StagedAppend(first_seq, framed, undo, created)
+
+    def complete_append(self, staged: StagedAppend) -> int:
+        """Second half: syncs the staged records (under "always"), publishes them and
+        releases the writer role; returns the first one's sequence. A failed sync cuts the
+        batch off and raises as ``stage_append`` does."""
+        try:
+            if self._config.fsync_policy == "always":
+                self._sync(self._segments[-1])  # the writer role keeps the list as it is
+        except BaseException as exc:
+            with self._condition:
+                try:
+                    self._undo(staged.undo, staged.created, exc)
+                finally:
+                    self._release_writer()
+        with self._condition:
+            try:
+                self._publish(staged.records, staged.undo.segment, staged.created)
+            finally:
+                self._release_writer()
+        return staged.first_seq
+
+    def abort_append(self, staged: StagedAppend) -> None:
+        """Cuts staged records off again and releases the writer role (the caller could not
+        complete them, e.g. it is shutting down)."""
+        with self._condition:
+            try:
+                self._roll_back_batch(staged.undo, staged.created)
+            finally:
+                self._release_writer()
 
     def append_raw(self, records: bytes) -> int:
         """Appends framed records (as ``read_raw`` returns them) after checking each one's
@@ -352,31 +448,46 @@ class ShardLog:
     def _commit(self, records: list[_Record]) -> None:
         """Writes and syncs ``records`` (headers made here when empty), then publishes them.
         Called with the lock and the writer role held; drops the lock during I/O."""
-        first_segment = self._segments[-1]
-        size_before = first_segment.size_bytes
-        next_seq_before = first_segment.next_seq
-        time_before = self._last_time_ms
+        undo = self._undo_point()
         created: list[Segment] = []
         self._condition.release()
         try:
-            framed = [
-                (sequence, time_ms, header or self._header(sequence, time_ms, payload), payload)
-                for sequence, time_ms, header, payload in records
-            ]
-            self._write_batch(framed, created)
-        except Exception as exc:
+            self._write_batch(
+                self._framed(records), created, sync=self._config.fsync_policy == "always"
+            )
+        except BaseException as exc:
             self._condition.acquire()
-            self._roll_back(first_segment, size_before, next_seq_before, created)
-            self._last_time_ms = time_before
-            if isinstance(exc, OSError) and exc.errno in _NO_SPACE_ERRNOS:
-                logger.error("shard log %s: out of space, write refused: %r", self.path, exc)
-                raise DiskFullError(f"no space left on the server's disk for {self.label}") from exc
-            raise StorageError(f"{self.path}: write failed: {exc!r}") from exc
-        except BaseException:
-            self._condition.acquire()
-            raise
+            self._undo(undo, created, exc)
         self._condition.acquire()
-        for segment in [first_segment, *created]:
+        self._publish(records, undo.segment, created)
+
+    def _undo_point(self) -> _UndoPoint:
+        segment = self._segments[-1]
+        return _UndoPoint(segment, segment.size_bytes, segment.next_seq, self._last_time_ms)
+
+    def _framed(self, records: list[_Record]) -> list[_Record]:
+        return [
+            (sequence, time_ms, header or self._header(sequence, time_ms, payload), payload)
+            for sequence, time_ms, header, payload in records
+        ]
+
+    def _undo(self, undo: _UndoPoint, created: list[Segment], exc: BaseException) -> NoReturn:
+        """Cuts a failed batch off (lock held) and raises what its failure means."""
+        if not isinstance(exc, Exception):
+            raise exc
+        self._roll_back_batch(undo, created)
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE_ERRNOS:
+            logger.error("shard log %s: out of space, write refused: %r", self.path, exc)
+            raise DiskFullError(f"no space left on the server's disk for {self.label}") from exc
+        raise StorageError(f"{self.path}: write failed: {exc!r}") from exc
+
+    def _roll_back_batch(self, undo: _UndoPoint, created: list[Segment]) -> None:
+        self._roll_back(undo.segment, undo.size_bytes, undo.next_seq, created)
+        self._last_time_ms = undo.time_ms
+
+    def _publish(self, records: list[_Record], first: Segment, created: list[Segment]) -> None:
+        """Makes written and synced records readable (lock held)."""
+        for segment in [first, *created]:
             segment.committed_size_bytes = segment.size_bytes
         self._end_seq = records[-1][0] + 1
         self._last_time_ms = records[-1][1]
@@ -386,7 +497,7 @@ class ShardLog:
     def _header(sequence: int, time_ms: int, payload: bytes) -> bytes:
         return encode_header(sequence, time_ms, payload, _LEADER_EPOCH)
 
-    def _write_batch(self, records: list[_Record], created: list[Segment]) -> None:
+    def _write_batch(self, records: list[_Record], created: list[Segment], sync: bool) -> None:
         """One write per segment touched; rolls when the active segment would overflow."""
         segment = self._segments[-1]
         chunk: list[_Record] = []
@@ -402,7 +513,7 @@ class ShardLog:
             chunk.append(record)
             chunk_bytes += record_bytes
         self._write_chunk(segment, chunk)
-        if self._config.fsync_policy == "always":
+        if sync:
             self._sync(segment)
 
     def _write_chunk(self, segment: Segment, chunk: list[_Record]) -> None:

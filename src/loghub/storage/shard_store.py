@@ -54,6 +54,9 @@ class ShardStore:
 
     def shard(self, logstore_key: str, shard_id: int) -> ShardLog:
         """The shard's log, opened (and created) on first use."""
+        log = self._logs.get((logstore_key, shard_id))  # the common case, without the lock
+        if log is not None and not self._closed:
+            return log
         directory = self._logstore_directory(logstore_key) / str(shard_id)
         assert shard_id >= 0
         with self._lock:
