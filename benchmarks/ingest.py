@@ -229,6 +229,8 @@ def main() -> None:
         f"streams or subjects), {args.runs} runs of {args.seconds:g} s after {args.warmup:g} s "
         f"of warm-up, interleaved; LogHub fsync={args.fsync}, PutLogs to {args.target}",
         "LogHub MB/s: raw LogGroup bytes (before lz4); peers' MB/s: the JSON entries",
+        "LogHub counts the requests sent and acknowledged inside the window; the peers, the "
+        "batches acknowledged inside it (nats-py takes seconds a batch of 4096)",
         "NATS 2.9 file storage acknowledges before its data is synced (it syncs every 2 min); "
         "Redis `appendfsync always` and LogHub acknowledge after fsync",
         f"load at start: {load_average()}",

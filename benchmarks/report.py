@@ -196,9 +196,9 @@ def render(results_dir: Path, out: Path) -> str:
         "reference's median, measured in the same run on the same machine, which carries from "
         "machine to machine better than the absolute figures do. The scripts, their options "
         "and what each measures: [docs/benchmarks.md](docs/benchmarks.md).",
-        "",
-        f"- Machine: {'; '.join(machines) or 'unknown'}",
     ]
+    if machines:
+        lines += ["", f"- Machine: {'; '.join(machines)}"]
     if run:
         smoke = " (smoke: tiny sizes, not figures)" if run.get("smoke") else ""
         lines.append(
@@ -208,6 +208,8 @@ def render(results_dir: Path, out: Path) -> str:
         )
     elif finished:
         lines.append(f"- Date: {finished[0]} to {finished[-1]}")
+    if not documents:
+        lines += ["", "No figures yet: `make bench` writes them here."]
     goals = summary(documents)
     if goals:
         lines += ["", "## Goals", "", *goals]
