@@ -313,7 +313,7 @@ def measure_size(args: argparse.Namespace, size: int, peers: list[str], notes: l
     ]  # fmt: skip
     for name in peers:
         peer = results[name]
-        ratio = median(loghub.logs_per_s) / median(peer.logs_per_s)
+        ratio = median(loghub.logs_per_s) / (median(peer.logs_per_s) or float("nan"))
         print(
             f"  {PEERS[name]}: {spread(peer.logs_per_s)} logs/s, {spread(peer.mb_per_s, 1)} MB/s,"
             f" server {spread(peer.server_cores, 2)} cores; LogHub/peer {ratio:.2f}x"
@@ -353,7 +353,7 @@ def measure_size(args: argparse.Namespace, size: int, peers: list[str], notes: l
     if disk:
         print(
             f"  disk with fdatasync per batch: {spread(disk, 1)} MB/s; LogHub raw MB/s / disk "
-            f"{median(loghub.mb_per_s) / median(disk):.2f}x"
+            f"{median(loghub.mb_per_s) / (median(disk) or float('nan')):.2f}x"
         )
     return rows
 

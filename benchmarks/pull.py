@@ -359,7 +359,7 @@ def main() -> None:
                         goal=goals.get(name, ""),
                     )  # fmt: skip
                 )
-                ratio = statistics.median(rates) / statistics.median(reference)
+                ratio = statistics.median(rates) / (statistics.median(reference) or math.nan)
                 print(f"LogHub ({codec}) / {PEER_READS[name]}: {ratio:.2f}x")
             if not peer_rates:
                 rows.append(Row(label, "logs/s", rates))
