@@ -152,7 +152,7 @@ def chart(document: dict[str, Any], path: Path) -> bool:
         axis.grid(axis="x", alpha=0.3)
     figure.suptitle(document.get("title", document["benchmark"]))
     figure.tight_layout()
-    figure.savefig(path, dpi=90)
+    figure.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(figure)
     return True
 
