@@ -85,5 +85,6 @@ def test_every_benchmark_runs_at_smoke_size_and_the_report_renders(tmp_path: Pat
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(960)
 def test_the_spark_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
-    smoke(tmp_path, list(SLOW), timeout_s=600)
+    smoke(tmp_path, list(SLOW), timeout_s=900)
