@@ -37,15 +37,12 @@ CHAOS_SECONDS ?= 180
 chaos: $(STAMP) system-deps
 	$(PY) tests/chaos/driver.py --seconds $(CHAOS_SECONDS) --spark $(CHAOS_ARGS)
 
-bench: $(STAMP)
-	$(PY) benchmarks/ingest.py
-	$(PY) benchmarks/small_requests.py
-	$(PY) benchmarks/pull.py
-	$(PY) benchmarks/groups.py
-	$(PY) benchmarks/rebalance.py
-	$(PY) benchmarks/spark_source.py
-	$(PY) benchmarks/big_bodies.py
-	$(PY) benchmarks/consumer_memory.py
+# Every benchmark in benchmarks/ within BENCH_MINUTES (Redis and NATS beside LogHub, started
+# and stopped by the scripts), then BENCHMARKS.md with tables and charts from
+# benchmarks/results/ (see docs/benchmarks.md); BENCH_ARGS="--only ingest,pull" for a part.
+BENCH_MINUTES ?= 20
+bench: $(STAMP) system-deps
+	$(PY) benchmarks/run_all.py --minutes $(BENCH_MINUTES) $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -143,6 +143,28 @@ def machine_summary() -> str:
     return f"{cores} cores ({model}), Python {sys.version.split()[0]}"
 
 
+def load_average() -> str:
+    """The machine's load averages (1, 5, 15 min), printed and saved beside every figure: on
+    a shared machine they say how much of it the benchmark had."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "load ?"
+    return f"load {one:.2f} / {five:.2f} / {fifteen:.2f} (1/5/15 min)"
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout_s: float = 20.0) -> None:
+    """SIGTERM to exactly this child, SIGKILL if it is still there after ``timeout_s``."""
+    if proc is None or proc.poll() is not None:
+        return
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout_s)
+
+
 # --- the server child ---------------------------------------------------------------------
 
 
@@ -282,13 +304,25 @@ class Batch:
     logs: int
 
 
-def build_batches(count: int, logs_per_batch: int, seed: int = 42) -> list[Batch]:
-    """``count`` distinct lz4-compressed LogGroups of ``logs_per_batch`` access logs."""
+def batch_records(
+    count: int, logs_per_batch: int, seed: int = 42
+) -> list[list[tuple[int, dict[str, str]]]]:
+    """The logs of ``build_batches(count, logs_per_batch, seed)``, batch by batch, so that a
+    peer (Redis, NATS) is sent exactly the logs LogHub is sent."""
     rng = random.Random(seed)
     now_s = int(time.time())
+    return [[access_log_record(rng, now_s) for _ in range(logs_per_batch)] for _ in range(count)]
+
+
+def log_json(log_time: int, record: dict[str, str]) -> bytes:
+    """One log as the JSON entry a peer stores: its time and its keys (about 220 bytes)."""
+    return json.dumps({"__time__": log_time, **record}, separators=(",", ":")).encode()
+
+
+def build_batches(count: int, logs_per_batch: int, seed: int = 42) -> list[Batch]:
+    """``count`` distinct lz4-compressed LogGroups of ``logs_per_batch`` access logs."""
     batches = []
-    for index in range(count):
-        records = [access_log_record(rng, now_s) for _ in range(logs_per_batch)]
+    for index, records in enumerate(batch_records(count, logs_per_batch, seed)):
         group = make_log_group(
             records, topic="nginx", source=f"10.0.0.{index + 1}",
             tags={"__hostname__": f"web-{index % 8:02d}", "env": "bench"},

@@ -18,6 +18,7 @@ not.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,6 +26,13 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+# Where save() writes instead, when set: the smoke test of `make test` keeps the figures of a
+# real run in place this way.
+RESULTS_DIR_ENV = "LOGHUB_BENCH_RESULTS_DIR"
+
+
+def results_dir() -> Path:
+    return Path(os.environ.get(RESULTS_DIR_ENV) or RESULTS_DIR)
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,8 @@ def save(name: str, title: str, rows: list[Row], notes: list[str] | None = None)
     """Writes ``results/<name>.json`` (replacing the last run's) and returns its path."""
     from _common import machine_summary  # the scripts put benchmarks/ on sys.path
 
-    RESULTS_DIR.mkdir(exist_ok=True)
+    directory = results_dir()
+    directory.mkdir(parents=True, exist_ok=True)
     document = {
         "benchmark": name,
         "title": title,
@@ -85,6 +94,6 @@ def save(name: str, title: str, rows: list[Row], notes: list[str] | None = None)
             for row in rows
         ],
     }
-    path = RESULTS_DIR / f"{name}.json"
+    path = directory / f"{name}.json"
     path.write_text(json.dumps(document, indent=2) + "\n")
     return path

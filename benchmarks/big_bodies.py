@@ -10,9 +10,11 @@ before the baseline is taken, which leaves only what the bodies themselves cost.
 refused for being over the in-flight bound (503 with Retry-After) is sent again after the
 delay it names, as the SDK would, so every body ends up stored.
 
-Run: ``python benchmarks/big_bodies.py [--clients 6] [--body-mib 30] [--json]``;
+Run: ``python benchmarks/big_bodies.py [--clients 6] [--body-mib 30] [--runs 1] [--json]``;
 ``--server-arg`` passes a flag on to ``loghub serve`` (repeatable). With ``--json`` the last
-line is a JSON object of the figures (the integration test reads it).
+line is a JSON object of the figures (the integration test reads it) and nothing is saved;
+otherwise the figures are saved to benchmarks/results/big_bodies.json. ``--smoke`` is a tiny
+run that checks the script.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ from _common import (  # noqa: E402
     _children_of,
     access_log_record,
     create_logstore,
+    load_average,
     make_data_dir,
     remove_tree,
 )
+from _results import Row, save  # noqa: E402
 
 from loghub.wire.logs import make_log_group  # noqa: E402
 
@@ -161,18 +165,37 @@ def main() -> None:
     parser.add_argument("--server-arg", action="append", default=[])
     parser.add_argument("--warm", action="store_true", help="start the workers first")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--runs", type=int, default=1, help="runs, each on a new server (1)")
+    parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the script")
     args = parser.parse_args()
-    figures = run(args.clients, args.body_mib, tuple(args.server_arg), args.warm)
-    print(
-        f"{figures['clients']} clients x {figures['body_bytes'] / MIB:.1f} MiB bodies: "
-        f"server + workers {figures['rss_before_bytes'] / MIB:.0f} MiB before, "  # type: ignore[operator]
-        f"{figures['rss_peak_bytes'] / MIB:.0f} MiB at peak, "  # type: ignore[operator]
-        f"growth {figures['growth_bytes'] / MIB:.0f} MiB; "  # type: ignore[operator]
-        f"{figures['stored']} stored in {figures['elapsed_s']} s "
-        f"({figures['processes']} processes); replies {figures['statuses']}"
-    )
+    if args.smoke:
+        args.clients, args.body_mib = 2, 0.5
+    runs = [run(args.clients, args.body_mib, tuple(args.server_arg), args.warm)]
+    for _ in range(max(0, args.runs - 1)):
+        runs.append(run(args.clients, args.body_mib, tuple(args.server_arg), args.warm))
+    for figures in runs:
+        print(
+            f"{figures['clients']} clients x {figures['body_bytes'] / MIB:.1f} MiB bodies: "
+            f"server + workers {figures['rss_before_bytes'] / MIB:.0f} MiB before, "  # type: ignore[operator]
+            f"{figures['rss_peak_bytes'] / MIB:.0f} MiB at peak, "  # type: ignore[operator]
+            f"growth {figures['growth_bytes'] / MIB:.0f} MiB; "  # type: ignore[operator]
+            f"{figures['stored']} stored in {figures['elapsed_s']} s "
+            f"({figures['processes']} processes); replies {figures['statuses']}"
+        )
     if args.json:
-        print(json.dumps(figures))
+        print(json.dumps(runs[0]))
+        return
+    case = f"{args.clients} clients x {args.body_mib:g} MiB uncompressed bodies at once"
+    rows = [
+        Row(case, "MiB RSS growth", [f["growth_bytes"] / MIB for f in runs],  # type: ignore[operator]
+            higher_is_better=False,
+            extra={"stored": [f["stored"] for f in runs], "peak_mib": [
+                f["rss_peak_bytes"] / MIB for f in runs]}),  # type: ignore[operator]
+        Row(case, "s to store all", [float(f["elapsed_s"]) for f in runs],  # type: ignore[arg-type]
+            higher_is_better=False),
+    ]  # fmt: skip
+    notes = [f"server flags: {' '.join(args.server_arg) or '(defaults)'}", load_average()]
+    print(f"saved {save('big_bodies', 'Server memory under large bodies', rows, notes)}")
 
 
 if __name__ == "__main__":

@@ -23,8 +23,9 @@ new consumer group each time); logs/s from the worker's start to its last log.
                                          [--seconds 20] [--sleep-ms 1000] [--no-sdk]
                                          [--processes N]
 
-Prints figures; asserts nothing about them. Each worker process is started, and killed, by
-PID; the server child is stopped by PID and its data removed.
+Prints figures and saves them to benchmarks/results/consumer_memory.json (``--smoke``: a
+tiny run that checks the script); asserts nothing about them. Each worker process is started,
+and killed, by PID; the server child is stopped by PID and its data removed.
 """
 
 from __future__ import annotations
@@ -50,11 +51,13 @@ from _common import (  # noqa: E402
     ServerChild,
     build_batches,
     create_logstore,
+    load_average,
     machine_summary,
     make_data_dir,
     remove_tree,
     run_producers,
 )
+from _results import Reference, Row, save  # noqa: E402
 
 MIB = 1024 * 1024
 LOGS_PER_GROUP = 100  # about 20 KB raw per log group: a pull of 1,000 groups hits 16 MiB
@@ -275,7 +278,11 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=1, help="also `loghub consume` with N")
     parser.add_argument("--repeat", type=int, default=3, help="--fast: runs over the backlog")
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the script")
     args = parser.parse_args()
+    if args.smoke:
+        args.shards, args.budgets_mib, args.backlog_mb, args.seconds = "2", "8", 4.0, 2.0
+        args.no_sdk = True
     if args.child:
         result = child_ours(args) if args.child == "ours" else child_sdk(args)
         print(json.dumps(result), flush=True)
@@ -284,12 +291,17 @@ def main() -> None:
         args.shards, args.budgets_mib, args.backlog_mb, args.seconds = "4,16", "8", 100.0, 8.0
     if args.fast:
         args.shards = "4"
-    print(machine_summary())
+    print(f"{machine_summary()}; {load_average()}")
+    rows: list[Row] = []
     for shards in [int(s) for s in args.shards.split(",")]:
-        run_shard_count(args, shards)
+        rows += run_shard_count(args, shards)
+    title = "Consumer worker: throughput" if args.fast else "Consumer worker: peak memory"
+    print(f"saved {save('consumer_memory', title, rows, [load_average()])}")
 
 
-def run_shard_count(args: argparse.Namespace, shards: int) -> None:
+def run_shard_count(args: argparse.Namespace, shards: int) -> list[Row]:
+    """Prints the figures of one shard count and returns them as rows."""
+    rows: list[Row] = []
     data_dir = make_data_dir(args.data_dir, "loghub-consumer-memory-")
     server = ServerChild(data_dir / "data", fsync="interval").start()
     endpoint = f"127.0.0.1:{server.port}"
@@ -302,15 +314,18 @@ def run_shard_count(args: argparse.Namespace, shards: int) -> None:
             f"{time.monotonic() - started:.1f} s"
         )
         if args.fast:
+            rates = []
             for attempt in range(args.repeat):
                 result = run_child(
                     "ours", endpoint, f"fast-{attempt}", 600.0, sleep_ms=0, logs=logs
                 )
                 rate = result["logs"] / result["seconds"]
+                rates.append(rate)
                 print(f"fast processor, default budget: {result['logs']:,} logs in "
                       f"{result['seconds']:.1f} s = {rate:,.0f} logs/s "
                       f"(peak RSS {result['peak_rss'] / MIB:,.0f} MiB)")  # fmt: skip
-            return
+            rows.append(Row(f"{shards} shards, a processor that does nothing", "logs/s", rates))
+            return rows
         common = {"sleep_ms": args.sleep_ms}
         idle = run_child("ours", endpoint, "idle", 3.0, start="end", **common)
         print("| shards | worker | budget MiB | peak RSS MiB | above idle MiB | "
@@ -318,6 +333,7 @@ def run_shard_count(args: argparse.Namespace, shards: int) -> None:
         print("|---|---|---|---|---|---|---|")
         idle_mib = idle["peak_rss"] / MIB
         print(f"| {shards} | ours, idle | - | {idle_mib:,.0f} | 0 | - | 0 |")
+        ours = []
         for budget_mib in [int(b) for b in args.budgets_mib.split(",")]:
             result = run_child(
                 "ours", endpoint, f"ours-{budget_mib}", args.seconds,
@@ -325,6 +341,7 @@ def run_shard_count(args: argparse.Namespace, shards: int) -> None:
             )  # fmt: skip
             peak_mib = result["peak_rss"] / MIB
             above_idle_mib = peak_mib - idle_mib
+            ours.append((budget_mib, peak_mib))
             print(f"| {shards} | ours | {budget_mib} | {peak_mib:,.0f} | {above_idle_mib:,.0f} "
                   f"| {above_idle_mib - budget_mib:,.0f} | {result['logs']:,} |")  # fmt: skip
         if args.processes > 1:
@@ -343,9 +360,17 @@ def run_shard_count(args: argparse.Namespace, shards: int) -> None:
             peak_mib = result["peak_rss"] / MIB
             print(f"| {shards} | SDK | - | {peak_mib:,.0f} | {peak_mib - idle_mib:,.0f} | - "
                   f"| {result['logs']:,} |")  # fmt: skip
+        sdk = None if args.no_sdk else Reference("official SDK ConsumerWorker", [peak_mib])
+        for budget_mib, peak in ours:
+            rows.append(
+                Row(f"{shards} shards, slow processor, budget {budget_mib} MiB",
+                    "peak RSS MiB", [peak], reference=sdk, higher_is_better=False,
+                    extra={"idle_mib": idle_mib})
+            )  # fmt: skip
     finally:
         server.stop()
         remove_tree(data_dir)
+    return rows
 
 
 if __name__ == "__main__":

@@ -8,13 +8,17 @@ new consumer joins a balanced group of 10 with everybody heartbeating every seco
 wall time until the group is balanced again (every shard held, counts within 1) is printed.
 The pure group logic's own CPU per heartbeat is printed beside it for reference.
 
-    python benchmarks/groups.py [--shards 1000] [--rounds 20] [--sizes 1,10,100]
+    python benchmarks/groups.py [--shards 1000] [--rounds 20] [--sizes 1,10,100] [--runs 3]
+                                [--smoke]
+
+Saves the figures to benchmarks/results/groups.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,10 +30,12 @@ from _common import (
     ServerChild,
     cpu_seconds_of,
     create_logstore,
+    load_average,
     machine_summary,
     make_data_dir,
     remove_tree,
 )
+from _results import Row, save
 
 from loghub.coordination import ConsumerGroup, ShardView
 
@@ -73,8 +79,10 @@ def create_group(http: httpx.Client, group: str) -> None:
 
 
 def cpu_per_heartbeat(
-    server: ServerChild, http: httpx.Client, size: int, shards: int, rounds: int
-) -> tuple[float, int]:
+    server: ServerChild, http: httpx.Client, size: int, shards: int, rounds: int, runs: int = 1
+) -> tuple[list[float], int]:
+    """Server CPU seconds per heartbeat, once per run of ``rounds`` rounds of the balanced
+    group; and the rounds it took to balance."""
     consumers = Consumers(http, f"bench-{size}", size)
     create_group(http, consumers.group)
     rounds_to_balance = 0
@@ -82,15 +90,19 @@ def cpu_per_heartbeat(
         consumers.round()
         rounds_to_balance += 1
         assert rounds_to_balance < 50, "the group did not balance"
-    before_s = cpu_seconds_of(server.pid)
-    for _ in range(rounds):
-        consumers.round()
-    used_s = cpu_seconds_of(server.pid) - before_s
-    return used_s / (rounds * size), rounds_to_balance
+    per_run = []
+    for _ in range(runs):
+        before_s = cpu_seconds_of(server.pid)
+        for _ in range(rounds):
+            consumers.round()
+        per_run.append((cpu_seconds_of(server.pid) - before_s) / (rounds * size))
+    return per_run, rounds_to_balance
 
 
-def join_to_balance_s(http: httpx.Client, shards: int, size: int, interval_s: float) -> float:
-    consumers = Consumers(http, "bench-join", size)
+def join_to_balance_s(
+    http: httpx.Client, shards: int, size: int, interval_s: float, group: str = "bench-join"
+) -> float:
+    consumers = Consumers(http, group, size)
     create_group(http, consumers.group)
     while not consumers.balanced(shards):
         consumers.round()
@@ -124,11 +136,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--sizes", default="1,10,100")
     parser.add_argument("--join-interval-s", type=float, default=1.0)
+    parser.add_argument("--runs", type=int, default=3, help="measurements of each figure (3)")
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the script")
     args = parser.parse_args()
+    if args.smoke:
+        args.shards, args.rounds, args.sizes, args.runs = 20, 2, "1,3", 1
+        args.join_interval_s = 0.05
     sizes = [int(size) for size in args.sizes.split(",")]
+    rows: list[Row] = []
 
-    print(machine_summary())
+    print(f"{machine_summary()}; {load_average()}")
     data_dir: Path = make_data_dir(args.data_dir, "loghub-bench-groups-")
     server = ServerChild(data_dir / "data").start()
     try:
@@ -140,21 +158,42 @@ def main() -> None:
         ) as http:
             print(f"consumer groups over {args.shards} shards, loghub serve pid {server.pid}")
             for size in sizes:
-                cpu_s, rounds = cpu_per_heartbeat(server, http, size, args.shards, args.rounds)
+                cpu_runs, rounds = cpu_per_heartbeat(
+                    server, http, size, args.shards, args.rounds, args.runs
+                )
+                cpu_s = statistics.median(cpu_runs)
                 pure = pure_logic_us(args.shards, size, max(1, args.rounds // 4))
                 print(
                     f"  {size:>3} consumers: server CPU {cpu_s * 1e3:.2f} ms per heartbeat "
                     f"(HTTP included; pure group logic {pure / 1e3:.2f} ms), balanced "
                     f"after {rounds} heartbeat rounds"
                 )
-            took_s = join_to_balance_s(http, args.shards, 10, args.join_interval_s)
+                rows.append(
+                    Row(
+                        f"{size} consumers, {args.shards} shards", "ms server CPU/heartbeat",
+                        [c * 1e3 for c in cpu_runs], higher_is_better=False, goal="≤ 1 ms",
+                        extra={"pure_logic_ms": pure / 1e3, "rounds_to_balance": rounds},
+                    )
+                )  # fmt: skip
+            joins = [
+                join_to_balance_s(http, args.shards, 10, args.join_interval_s, f"join-{run}")
+                for run in range(args.runs)
+            ]
+            took_s = statistics.median(joins)
             print(
                 f"  a consumer joining a balanced group of 10 (heartbeats every "
                 f"{args.join_interval_s:g} s): balanced again after {took_s:.2f} s"
             )
+            rows.append(
+                Row(
+                    f"a consumer joins a balanced group of 10, heartbeats every "
+                    f"{args.join_interval_s:g} s", "s to balance", joins, higher_is_better=False,
+                )
+            )  # fmt: skip
     finally:
         server.stop()
         remove_tree(data_dir)
+    print(f"saved {save('groups', 'Consumer groups: heartbeat CPU and join time', rows)}")
     sys.stdout.flush()
 
 

@@ -1,4 +1,4 @@
-"""PullLogs throughput of `loghub serve`: consumers read every shard from begin to end.
+"""Catch-up PullLogs throughput of `loghub serve` beside Redis Streams and NATS JetStream.
 
 Starts a fresh server child on a temp data directory, ingests a fixed data set (lz4 PutLogs
 of access logs from producer processes; that phase is timed too), then runs one consumer
@@ -6,12 +6,19 @@ process per shard, each pulling its shard from the begin cursor to the end with 
 over keep-alive HTTP and decompressing every reply as a real consumer would (``--parse``
 also parses each LogGroupList). ``--passes`` full pulls per codec given to ``--compress``.
 
+In the same run the very same logs (JSON entries, one stream or subject per shard, written
+by as many producers) are read back from Redis Streams (one reader process per stream,
+``XRANGE`` from the last ID seen, and ``XREADGROUP`` of a new group, 1000 entries a command)
+and from NATS JetStream with file storage (a pull consumer per subject fetching 1000 messages
+a request: with nats-py's ``fetch``, over at most ``--nats-py-logs`` messages since that
+client is slow, and with a lean client of the protocol). Ratios are of median passes.
+
     .venv/bin/python benchmarks/pull.py [--logs 2000000] [--shards 4]
                                         [--compress lz4,none] [--passes 3] [--parse]
-                                        [--data-dir /tmp]
+                                        [--peers redis,nats,nats-wire] [--smoke]
 
-The data just written is in the page cache, so this measures the server, not the disk.
-Prints figures; asserts nothing about them.
+The data just written is in the page cache, so this measures the servers, not the disk.
+Prints figures and saves them to benchmarks/results/pull.json; asserts nothing about them.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -37,11 +45,14 @@ from _common import (  # noqa: E402
     LOGSTORE,
     PROJECT,
     ServerChild,
+    batch_records,
     build_batches,
     cpu_seconds_of,
     create_logstore,
     describe_filesystem,
     fmt_int,
+    load_average,
+    log_json,
     machine_summary,
     make_data_dir,
     mb,
@@ -49,6 +60,26 @@ from _common import (  # noqa: E402
     remove_tree,
     run_producers,
 )
+from _peers import (  # noqa: E402
+    NatsServer,
+    ReadPass,
+    RedisServer,
+    nats_ingest,
+    nats_read,
+    plain_batches,
+    redis_batches,
+    redis_ingest,
+    redis_read,
+    redis_stream_key,
+)
+from _results import Reference, Row, save  # noqa: E402
+
+PEER_READS = {
+    "xrange": "Redis Streams XRANGE, COUNT 1000",
+    "xreadgroup": "Redis Streams XREADGROUP, COUNT 1000",
+    "nats": "NATS JetStream pull consumer (nats-py fetch 1000)",
+    "nats-wire": "NATS JetStream pull consumer (protocol client, batch 1000)",
+}
 
 
 @dataclass
@@ -202,7 +233,22 @@ def main() -> None:
         default=None,
         help="parent of the temp data directory (default: the system temp dir)",
     )
+    parser.add_argument(
+        "--peers",
+        default="redis,nats,nats-wire",
+        help="systems read beside LogHub; empty for none (redis,nats,nats-wire)",
+    )
+    parser.add_argument(
+        "--nats-py-logs",
+        type=int,
+        default=200_000,
+        help="messages read by nats-py's fetch a pass, from the start (200,000)",
+    )
+    parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the script")
     args = parser.parse_args()
+    if args.smoke:
+        args.logs, args.shards, args.producers, args.batch_logs = 4096, 2, 2, 256
+        args.distinct_batches, args.passes, args.nats_py_logs = 2, 1, 1000
     codecs = [c.strip().lower() for c in args.compress.split(",") if c.strip()]
     for codec in codecs:
         if codec not in ("lz4", "zstd", "deflate", "none"):
@@ -210,8 +256,11 @@ def main() -> None:
 
     data_dir = make_data_dir(args.data_dir, "loghub-bench-pull-")
     server: ServerChild | None = None
+    rows: list[Row] = []
+    notes = [f"load at start: {load_average()}"]
+    loghub_rates: dict[str, list[float]] = {}
     try:
-        print(f"machine: {machine_summary()}")
+        print(f"machine: {machine_summary()}; {load_average()}")
         print(f"data dir: {data_dir} on {describe_filesystem(data_dir)}")
         batches = build_batches(args.distinct_batches, args.batch_logs)
         server = ServerChild(data_dir / "server", args.fsync)
@@ -249,6 +298,7 @@ def main() -> None:
                     passes.append((wall_s, results, server_cpu))
             if not passes:
                 continue
+            loghub_rates[codec] = [sum(r.logs for r in p[1]) / p[0] for p in passes]
             passes.sort(key=lambda p: p[0])
             wall_s, results, server_cpu = passes[len(passes) // 2]  # the median pass
             p_logs = sum(r.logs for r in results)
@@ -286,10 +336,115 @@ def main() -> None:
                 f"  pull/ingest: {(p_logs / wall_s) / (logs / ingest.wall_s):.1f}x the "
                 f"ingest rate of this run"
             )
+        server.stop()
+        notes.append(
+            f"{fmt_int(logs)} logs of {args.batch_logs} a request ingested by {args.producers} "
+            f"producers into {args.shards} shards; one reader process per shard (peers: per "
+            f"stream or subject); {args.passes} passes; LogHub readers decompress every reply"
+            f"{' and parse it' if args.parse else ''}"
+        )
+        peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+        peer_rates = read_peers(args, batches, requests_each, peers, data_dir, notes)
+        case = f"{fmt_int(logs)} logs, {args.shards} readers"
+        goals = {"xrange": "≥ 1.5×", "xreadgroup": "≥ 1.5×"}
+        for codec, rates in loghub_rates.items():
+            label = f"LogHub catch-up pull ({codec}), {case}"
+            for name, reference in peer_rates.items():
+                rows.append(
+                    Row(
+                        label,
+                        "logs/s",
+                        rates,
+                        reference=Reference(PEER_READS[name], reference),
+                        goal=goals.get(name, ""),
+                    )  # fmt: skip
+                )
+                ratio = statistics.median(rates) / (statistics.median(reference) or math.nan)
+                print(f"LogHub ({codec}) / {PEER_READS[name]}: {ratio:.2f}x")
+            if not peer_rates:
+                rows.append(Row(label, "logs/s", rates))
     finally:
         if server is not None:
             server.stop()
         remove_tree(data_dir)
+    notes.append(f"load at end: {load_average()}")
+    path = save("pull", "Catch-up pull beside Redis Streams and NATS JetStream", rows, notes)
+    print(f"saved {path}")
+
+
+def show_reads(name: str, reads: list[ReadPass], expected: int) -> list[float]:
+    """Prints the passes of one reader kind; returns their entries/s (failed passes left out)."""
+    rates = []
+    for read in reads:
+        if read.errors:
+            print(f"  {PEER_READS[name]}: A READER FAILED: {read.errors}")
+        elif read.entries < expected:
+            print(f"  {PEER_READS[name]}: READ {read.entries} OF {expected}")
+        else:
+            rates.append(read.entries / read.wall_s)
+    if rates:
+        ordered = sorted(rates)
+        print(
+            f"  {PEER_READS[name]}: {fmt_int(statistics.median(rates))} entries/s "
+            f"(passes {', '.join(fmt_int(r) for r in ordered)}), server CPU "
+            f"{statistics.median(r.server_cpu_s / r.wall_s for r in reads if r.wall_s):.2f} cores"
+        )
+    return rates
+
+
+def read_peers(args: argparse.Namespace, batches: list, requests_each: int, peers: list[str],
+               data_dir: Path, notes: list[str]) -> dict[str, list[float]]:  # fmt: skip
+    """Writes the same logs into each peer (untimed but shown), then reads them back."""
+    rates: dict[str, list[float]] = {}
+    if not peers:
+        return rates
+    entries = [
+        [log_json(t, record) for t, record in records]
+        for records in batch_records(len(batches), args.batch_logs)
+    ]
+    if "redis" in peers:
+        by_stream = [
+            redis_batches(entries, redis_stream_key(i, args.shards)) for i in range(args.shards)
+        ]
+        with RedisServer(durable=False, data_parent=str(data_dir)) as redis:
+            load = redis_ingest(redis, by_stream, args.producers, batches_each=requests_each)
+            print(
+                f"Redis (in memory): {fmt_int(load.logs)} entries written in "
+                f"{load.window_s:.1f} s ({fmt_int(load.logs / load.window_s)}/s) "
+                f"{load.errors or ''}"
+            )
+            for mode in ("xrange", "xreadgroup"):
+                reads = [redis_read(redis, args.shards, mode, p) for p in range(args.passes)]
+                found = show_reads(mode, reads, load.logs)
+                if found:
+                    rates[mode] = found
+    nats_peers = [p for p in peers if p.startswith("nats")]
+    if nats_peers:
+        with NatsServer(str(data_dir)) as nats:
+            load = nats_ingest(
+                nats, plain_batches(entries), args.producers, args.shards,
+                batches_each=requests_each, client="wire",
+            )  # fmt: skip
+            per_subject = [0] * args.shards
+            for index, worker in enumerate(load.workers):
+                per_subject[index % args.shards] += worker.logs
+            print(
+                f"NATS JetStream (file storage): {fmt_int(load.logs)} messages written in "
+                f"{load.window_s:.1f} s ({fmt_int(load.logs / load.window_s)}/s) "
+                f"{load.errors or ''}"
+            )
+            for name in nats_peers:
+                client = "nats-py" if name == "nats" else "wire"
+                expected = per_subject
+                if client == "nats-py":
+                    cap = max(1, args.nats_py_logs // args.shards)
+                    expected = [min(cap, count) for count in per_subject]
+                    notes.append(f"nats-py fetch: the first {fmt_int(sum(expected))} messages")
+                reads = [nats_read(nats, expected, p, client=client) for p in range(args.passes)]
+                found = show_reads(name, reads, sum(expected))
+                if found:
+                    rates[name] = found
+    return rates
 
 
 if __name__ == "__main__":

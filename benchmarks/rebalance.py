@@ -10,14 +10,21 @@ Policies, in the same simulation (FakeClock, MemoryLeaseStore, every worker tick
 
 "Balanced" means every shard is held and consumed (consumer_owner = lease_owner) by a live
 worker and any two live workers' counts differ by at most 1. Time is simulated; rounds are that
-time divided by the taker interval (2 x lease timeout). Run: `python benchmarks/rebalance.py`.
+time divided by the taker interval (2 x lease timeout).
+
+    python benchmarks/rebalance.py [--shards 64,1024] [--phases 8] [--smoke]
+
+Saves the figures to benchmarks/results/rebalance.json.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections import Counter
 
+from _common import load_average, machine_summary
 from _group_driver import rebalance_ms
+from _results import Reference, Row, save
 
 from loghub.coordination.lease import (
     LeaseCoordinator,
@@ -116,7 +123,7 @@ def measure(steal_max_per_round: int | None, scenario: str, offset_ms: int) -> i
 def heartbeat_mode_rebalance_ms(scenario: str) -> int | None:
     return rebalance_ms(
         scenario,
-        shard_count=64,
+        shard_count=len(SHARDS),
         heartbeat_interval_ms=lease_timeout_ms_default // 2,
         timeout_ms=lease_timeout_ms_default,
     )
@@ -131,8 +138,27 @@ POLICIES = {"one-round steal (spec)": None, "one steal per round (KCL default)":
 
 
 def main() -> None:
+    global SHARDS, PHASES
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shards", default="64", help="shard counts, comma-separated (64)")
+    parser.add_argument("--phases", type=int, default=PHASES, help="runs of each case (8)")
+    parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the script")
+    args = parser.parse_args()
+    if args.smoke:
+        args.shards, args.phases = "8", 1
+    PHASES = args.phases
+    print(f"{machine_summary()}; {load_average()}")
+    rows: list[Row] = []
+    for count in [int(c) for c in args.shards.split(",")]:
+        SHARDS = list(range(count))
+        rows += measure_all()
+    print(f"saved {save('rebalance', 'Rebalance time (simulated)', rows)}")
+
+
+def measure_all() -> list[Row]:
+    rows = []
     print(
-        f"64 shards, lease timeout {lease_timeout_ms_default / 1000:g} s, "
+        f"{len(SHARDS)} shards, lease timeout {lease_timeout_ms_default / 1000:g} s, "
         f"taker round {TAKER_INTERVAL_MS / 1000:g} s, ticks every {TICK_MS} ms (simulated)"
     )
     offsets_ms = [TAKER_INTERVAL_MS * i // PHASES for i in range(PHASES)]
@@ -142,13 +168,22 @@ def main() -> None:
     )
     print(header)
     for scenario, label in SCENARIOS.items():
+        seconds: dict[str, list[float]] = {}
         for policy, steal_max in POLICIES.items():
             times_ms = [measure(steal_max, scenario, offset) for offset in offsets_ms]
+            seconds[policy] = [t / 1000 for t in times_ms]
             mean_ms, worst_ms = sum(times_ms) / len(times_ms), max(times_ms)
             print(
                 f"{label:34} {policy:34} {mean_ms / 1000:>7.1f} {worst_ms / 1000:>8.1f} "
                 f"{mean_ms / TAKER_INTERVAL_MS:>7.2f} {worst_ms / TAKER_INTERVAL_MS:>6.2f}"
             )
+        spec, other = list(POLICIES)
+        rows.append(
+            Row(
+                f"{len(SHARDS)} shards, {label}, lease mode", "s to balance", seconds[spec],
+                reference=Reference(other, seconds[other]), higher_is_better=False,
+            )
+        )  # fmt: skip
     measured = {scenario: heartbeat_mode_rebalance_ms(scenario) for scenario in SCENARIOS}
     if all(value is None for value in measured.values()):
         print("heartbeat mode: (not measured here)")
@@ -160,6 +195,14 @@ def main() -> None:
                 f"{lease_timeout_ms_default // 2000} s, group timeout "
                 f"{lease_timeout_ms_default // 1000} s)"
             )
+            if elapsed_ms is not None:
+                rows.append(
+                    Row(
+                        f"{len(SHARDS)} shards, {SCENARIOS[scenario]}, heartbeat mode",
+                        "s to balance", [elapsed_ms / 1000], higher_is_better=False,
+                    )
+                )  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

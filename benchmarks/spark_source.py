@@ -403,9 +403,26 @@ def run(args: argparse.Namespace, server: ServerChild, data_dir: Path, small: li
             f"max {max(durations, default=float('nan')):.0f} ms; append to delivered median "
             f"{percentile(delays, 0.5):.2f} s, p90 {percentile(delays, 0.9):.2f} s"
         )
+        from _results import Reference, Row, save
+
+        rows = [
+            Row(
+                f"streaming read of {fmt_int(stream['rows'])} rows, master {args.master}",
+                "rows/s", [s["rows"] / s["batch_s"] for s in streams],
+                reference=Reference("spark.read.parquet of the same rows",
+                                    [rows / s for s in seconds]),
+                goal="≥ 0.8×",
+            ),
+            Row(f"1 s trigger, {args.rate} logs/s appended", "s append to delivered, p90",
+                [percentile(delays, 0.9)], higher_is_better=False),
+        ]  # fmt: skip
+        print(f"saved {save('spark_source', 'Spark source beside parquet', rows)}")
     finally:
         spark.stop()
 
 
 if __name__ == "__main__":
+    if "--smoke" in sys.argv:  # a tiny run that checks the script (later flags win)
+        sys.argv.remove("--smoke")
+        sys.argv += ["--logs", "2000", "--passes", "1", "--seconds", "3", "--rate", "500"]
     main()
