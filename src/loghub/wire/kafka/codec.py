@@ -146,7 +146,9 @@ class Schema:
 
 def _strip_comments(text: str) -> str:
     """The spec's ``//`` comments removed; a ``//`` inside a JSON string is kept."""
-    return re.sub(r'"(?:\\.|[^"\\])*"|//[^\n]*', lambda m: m.group(0) if m.group(0)[0] == '"' else "", text)
+    return re.sub(
+        r'"(?:\\.|[^"\\])*"|//[^\n]*', lambda m: m.group(0) if m.group(0)[0] == '"' else "", text
+    )
 
 
 def _default(spec: dict[str, Any], type_name: str, nullable: tuple[int, int]) -> Any:
@@ -421,8 +423,8 @@ def _write_struct(
         _write_value(out, field, value, version, flexible)
     if flexible:
         out += _uvarint(len(tagged))
-        for tag, chunk in sorted(tagged):
-            out += _uvarint(tag) + _uvarint(len(chunk)) + chunk
+        for tag, data in sorted(tagged):
+            out += _uvarint(tag) + _uvarint(len(data)) + data
 
 
 # -- messages and headers --------------------------------------------------------------------

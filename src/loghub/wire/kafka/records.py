@@ -215,7 +215,9 @@ def _records(info: BatchInfo, body: bytes) -> list[Record]:
         if pos != end:
             raise CorruptBatch("a record's length does not match its fields")
         records.append(
-            Record(info.base_timestamp_ms + timestamp_delta, key, value, tuple(headers), offset_delta)
+            Record(
+                info.base_timestamp_ms + timestamp_delta, key, value, tuple(headers), offset_delta
+            )
         )
     if pos != len(body):
         raise CorruptBatch("bytes left after a batch's last record")
