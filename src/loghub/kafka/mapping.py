@@ -14,7 +14,8 @@
 Records and logs (docs/kafka.md has the table):
 
 - produce: every header becomes a content ``name=value``; the key becomes ``__key__``, the
-  value ``__value__`` (``__key_base64__`` / ``__value_base64__`` when not UTF-8); the log time
+  value ``__value__`` (``__key_base64__`` / ``__value_base64__`` when not UTF-8, and
+  ``__value_null__`` for a null value); the log time
   is the record timestamp (seconds, with the milliseconds in ``Time_ns``).
 - fetch of a log written that way gives back the same key, value and headers. A log written
   through the REST API (no ``__value__``) becomes a record whose value is a JSON object of its
@@ -52,7 +53,8 @@ KEY_FIELD = "__key__"
 VALUE_FIELD = "__value__"
 _KEY_B64 = "__key_base64__"
 _VALUE_B64 = "__value_base64__"
-_RESERVED = frozenset({KEY_FIELD, VALUE_FIELD, _KEY_B64, _VALUE_B64})
+_VALUE_NULL = "__value_null__"  # a record with a null value (a tombstone)
+_VALUE_FIELDS = frozenset({VALUE_FIELD, _VALUE_B64, _VALUE_NULL})
 
 
 def topic_name(project: str, logstore: str, separator: str) -> str:
@@ -103,6 +105,10 @@ def records_to_group(records: list[Record], source: str = "") -> bytes:
             (record.value, VALUE_FIELD, _VALUE_B64),
         ):
             if blob is None:
+                if plain == VALUE_FIELD:
+                    content = log.Contents.add()
+                    content.Key = _VALUE_NULL
+                    content.Value = ""
                 continue
             text, was_base64 = _text(blob)
             content = log.Contents.add()
@@ -133,7 +139,7 @@ def group_to_records(raw: bytes) -> list[Record]:
         timestamp_ms = int(log.Time) * 1000 + int(log.Time_ns) // 1_000_000
         contents = [(_bytes(c.Key).decode(errors="replace"), _bytes(c.Value)) for c in log.Contents]
         names = {name for name, _ in contents}
-        if names & {VALUE_FIELD, _VALUE_B64}:
+        if names & _VALUE_FIELDS:
             records.append(_kafka_written(contents, timestamp_ms, index))
         else:
             value = json.dumps(
@@ -154,6 +160,8 @@ def _kafka_written(contents: list[tuple[str, bytes]], timestamp_ms: int, index: 
             key = data
         elif name == VALUE_FIELD:
             value = data
+        elif name == _VALUE_NULL:
+            value = None
         elif name in (_KEY_B64, _VALUE_B64):
             try:
                 decoded = base64.b64decode(data, validate=True)
