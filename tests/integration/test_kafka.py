@@ -306,3 +306,58 @@ def test_an_unsupported_version_closes_the_connection(server: ServerProcess) -> 
         payload = struct.pack(">hhih", 1, 13, 1, -1) + b"\x00" + b"\x00" * 40
         sock.sendall(struct.pack(">i", len(payload)) + payload)
         assert sock.recv(100) == b""
+
+
+def test_with_access_keys_clients_authenticate_with_sasl_plain(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    kafka_port = free_port()
+    server = ServerProcess(
+        tmp_path_factory.mktemp("kafka-sasl") / "data",
+        keys={"ak": "sk"},
+        extra_args=("--kafka-port", str(kafka_port)),
+    ).start()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("HTTP_PROXY", f"http://{server.endpoint}")
+            patch.setenv("http_proxy", f"http://{server.endpoint}")
+            client = LogClient(server.endpoint, "ak", "sk")
+            client.create_project(PROJECT, "sasl")
+            client.create_logstore(PROJECT, "secured", ttl=7, shard_count=1)
+        topic = f"{PROJECT}.secured"
+        bootstrap = f"127.0.0.1:{kafka_port}"
+        sasl = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN"}
+        producer = Producer(
+            {"bootstrap.servers": bootstrap, **sasl, "sasl.username": "ak", "sasl.password": "sk"}
+        )
+        producer.produce(topic, value=b"signed in")
+        assert producer.flush(10) == 0
+        consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap, security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="PLAIN", sasl_plain_username="ak", sasl_plain_password="sk",
+            auto_offset_reset="earliest",
+        )  # fmt: skip
+        consumer.assign([TopicPartition(topic, 0)])
+        got = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=200).values():
+                got.extend(r.value for r in records)
+        consumer.close()
+        assert got == [b"signed in"]
+        # a wrong secret, or no SASL at all, gets nothing
+        errors: list[Any] = []
+        delivered: list[Any] = []
+        intruder = Producer(
+            {"bootstrap.servers": bootstrap, **sasl, "sasl.username": "ak",
+             "sasl.password": "wrong", "message.timeout.ms": 1000, "error_cb": errors.append}
+        )  # fmt: skip
+        intruder.produce(topic, value=b"intruder", on_delivery=lambda e, m: delivered.append(e))
+        intruder.flush(5)
+        assert delivered and delivered[0] is not None  # not stored
+        assert any(e.code() == KafkaError._AUTHENTICATION for e in errors)
+        with socket.create_connection(("127.0.0.1", kafka_port), timeout=10) as sock:
+            with pytest.raises(ConnectionError):
+                _call(sock, 3, 1, {"Topics": None})
+    finally:
+        server.stop()

