@@ -356,8 +356,10 @@ def test_with_access_keys_clients_authenticate_with_sasl_plain(
         intruder.flush(5)
         assert delivered and delivered[0] is not None  # not stored
         assert any(e.code() == KafkaError._AUTHENTICATION for e in errors)
-        with socket.create_connection(("127.0.0.1", kafka_port), timeout=10) as sock:
-            with pytest.raises(ConnectionError):
-                _call(sock, 3, 1, {"Topics": None})
+        with (
+            socket.create_connection(("127.0.0.1", kafka_port), timeout=10) as sock,
+            pytest.raises(ConnectionError),
+        ):
+            _call(sock, 3, 1, {"Topics": None})
     finally:
         server.stop()
