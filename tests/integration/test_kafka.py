@@ -363,3 +363,111 @@ def test_with_access_keys_clients_authenticate_with_sasl_plain(
             _call(sock, 3, 1, {"Topics": None})
     finally:
         server.stop()
+
+
+def test_assign_from_latest_and_from_a_time(server: ServerProcess, sdk: LogClient) -> None:
+    topic = _logstore(sdk, "positions", shards=1)
+    producer = KafkaProducer(bootstrap_servers=_bootstrap(server), acks="all")
+    for i in range(3):
+        producer.send(topic, value=f"old {i}".encode()).get(timeout=10)
+    time.sleep(0.05)
+    between_ms = int(time.time() * 1000)
+    time.sleep(0.05)
+    consumer = KafkaConsumer(bootstrap_servers=_bootstrap(server), auto_offset_reset="latest")
+    partition = TopicPartition(topic, 0)
+    consumer.assign([partition])
+    consumer.seek_to_end(partition)
+    end = consumer.position(partition)
+    for i in range(2):
+        producer.send(topic, value=f"new {i}".encode()).get(timeout=10)
+    producer.close()
+    got: list[bytes] = []
+    deadline = time.monotonic() + 10
+    while len(got) < 2 and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=200).values():
+            got.extend(r.value for r in records)
+    assert got == [b"new 0", b"new 1"]  # from latest: nothing older
+    found = consumer.offsets_for_times({partition: between_ms})[partition]
+    assert found is not None and found.offset == end  # the first record received after
+    consumer.close()
+
+
+def test_a_split_during_produce_and_group_consume_loses_nothing(
+    server: ServerProcess, sdk: LogClient
+) -> None:
+    topic = _logstore(sdk, "resharded", shards=2)
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=_bootstrap(server), group_id="splitters",
+        auto_offset_reset="latest", auto_commit_interval_ms=200, heartbeat_interval_ms=200,
+        metadata_max_age_ms=60_000,
+    )  # fmt: skip
+    read: list[tuple[int, bytes, bytes]] = []
+
+    def poll(seconds: float, until: int = 0) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and (not until or len(read) < until):
+            for records in consumer.poll(timeout_ms=100).values():
+                read.extend((r.partition, r.key, r.value) for r in records)
+
+    while not consumer.assignment():
+        poll(0.2)
+    producer = KafkaProducer(bootstrap_servers=_bootstrap(server), acks="all")
+    sent = []
+    for i in range(60):
+        if i == 30:  # split shard 0 in the middle of the produce
+            sdk.split_shard(PROJECT, "resharded", 0, "40000000000000000000000000000000")
+        key, value = f"k{i % 5}".encode(), f"{i:03d}".encode()
+        producer.send(topic, key=key, value=value).get(timeout=10)  # acked
+        sent.append(value)
+        poll(0.01)
+    producer.close()
+    poll(20, until=60)
+    assignment = {p.partition for p in consumer.assignment()}
+    consumer.close()
+    assert sorted(v for _, _, v in read) == sorted(sent)  # no acked record lost, none twice
+    assert {2, 3} <= assignment  # the group picked up the children
+    for partition in {p for p, _, _ in read}:
+        for key in {k for _, k, _ in read}:
+            values = [v for p, k, v in read if (p, k) == (partition, key)]
+            assert values == sorted(values)  # order per key holds within each partition
+
+
+@pytest.mark.slow  # two server starts and a kill: about 10 s
+def test_a_sigkill_during_acks_all_produce_loses_no_acked_record(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    kafka_port = free_port()
+    data_dir = tmp_path_factory.mktemp("kafka-kill") / "data"
+    args = ("--kafka-port", str(kafka_port))
+    server = ServerProcess(data_dir, extra_args=args).start()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HTTP_PROXY", f"http://{server.endpoint}")
+        patch.setenv("http_proxy", f"http://{server.endpoint}")
+        client = LogClient(server.endpoint, "ak", "sk")
+        client.create_project(PROJECT, "kill")
+        client.create_logstore(PROJECT, "durable", ttl=7, shard_count=2)
+    topic = f"{PROJECT}.durable"
+    acked: list[bytes] = []
+    producer = Producer(
+        {"bootstrap.servers": f"127.0.0.1:{kafka_port}", "acks": "all", "linger.ms": 1,
+         "message.timeout.ms": 1000, "retries": 0}
+    )  # fmt: skip
+
+    def report(error: KafkaError | None, message: Any) -> None:
+        if error is None:
+            acked.append(message.value())
+
+    try:
+        for i in range(3000):
+            producer.produce(topic, value=f"{i:05d}".encode(), on_delivery=report)
+            producer.poll(0.005 if i % 10 == 0 else 0)
+            if i == 1500:
+                server.kill()  # SIGKILL, with records in flight
+        producer.flush(5)
+        server = ServerProcess(data_dir, extra_args=args).start()
+        server.kafka_port = kafka_port  # type: ignore[attr-defined]
+        stored = _kp_consume(server, topic, 2, len(acked))
+    finally:
+        server.stop()
+    assert 0 < len(acked) < 3000, "the kill came before any ack or after all of them"
+    assert set(acked) <= {m.value for m in stored}

@@ -55,7 +55,7 @@ from loghub.errors import (
     RequestError,
     UnavailableError,
 )
-from loghub.kafka.coordinator import Coordinator
+from loghub.kafka.coordinator import Coordinator, GroupState, subscribed_topics
 from loghub.kafka.mapping import (
     group_to_records,
     offset_of,
@@ -187,6 +187,8 @@ class Broker:
         self._executor = ThreadPoolExecutor(config.threads, thread_name_prefix="loghub-kafka")
         self._producers: dict[tuple[int, str, int], _ProducerPartition] = {}
         self._producer_ids = itertools.count(1)
+        # group -> (generation, partitions per subscribed topic when it was first seen)
+        self._seen_partitions: dict[str, tuple[int, dict[str, int]]] = {}
         self._producer_id_base = (clock.wall_ms() << 16) & (2**62 - 1)
         self._handlers: dict[
             int, Callable[[Message, RequestHeader, Session], Coroutine[Any, Any, Message | None]]
@@ -215,9 +217,43 @@ class Broker:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def run_timers(self) -> None:
+        ticks = itertools.count()
         while True:
             await asyncio.sleep(0.2)
             self.coordinator.tick()
+            if next(ticks) % 5 == 0:
+                try:
+                    await self._nudge_groups()
+                except LogHubError as exc:
+                    log.warning("checking Kafka groups for new partitions: %r", exc)
+
+    async def _nudge_groups(self) -> None:
+        """Rebalances every settled group whose subscribed topics gained partitions (a split
+        or merge) since its generation began: clients would otherwise see them only at their
+        next metadata refresh (5 minutes by default)."""
+        for group in list(self.coordinator.groups.values()):
+            if group.state is not GroupState.STABLE:
+                continue
+            topics = sorted(subscribed_topics(group))
+            counts = await self._blocking(self._partition_counts, topics)
+            seen = self._seen_partitions.get(group.group_id)
+            if seen is None or seen[0] != group.generation:
+                self._seen_partitions[group.group_id] = (group.generation, counts)
+            elif seen[1] != counts:
+                log.info("Kafka group %s: partitions changed, rebalancing", group.group_id)
+                self.coordinator.force_rebalance(group.group_id)
+
+    def _partition_counts(self, topics: list[str]) -> dict[str, int]:
+        counts = {}
+        for topic in topics:
+            located = split_topic(topic, self.config.topic_separator)
+            if located is None:
+                continue
+            try:
+                counts[topic] = len(self.service.list_shards(*located))
+            except NotFoundError:
+                counts[topic] = 0
+        return counts
 
     def _allowed(self, session: Session, project: str, *, write: bool) -> bool:
         """Whether the connection's access key may touch the project (always, without keys)."""
@@ -870,6 +906,20 @@ class Broker:
             return KAFKA_STORAGE_ERROR
         return NONE
 
+    def _children_from_start(
+        self, located: tuple[str, str], found: Mapping[int, Any]
+    ) -> dict[int, Any]:
+        """A shard born of a split or merge, without a commit of its own in a group that has
+        committed on the logstore, reads as committed at its start: with the clients' default
+        ``auto.offset.reset=latest`` the group would otherwise skip what was written to it
+        before a member got it."""
+        starts: dict[int, Any] = {}
+        for shard in self.service.list_shards(*located):
+            if shard.parents and shard.shard_id not in found:
+                begin, _end = self.service.shard_range(*located, shard.shard_id)
+                starts[shard.shard_id] = _StartOfShard(begin)
+        return starts
+
     async def _offset_fetch(
         self, request: Message, header: RequestHeader, session: Session
     ) -> Message:
@@ -908,6 +958,8 @@ class Broker:
             located = self._locate(topic["Name"], session)
             try:
                 found = {} if located is None else self.service.checkpoints(*located, group_id)
+                if located is not None and found:
+                    found = {**self._children_from_start(located, found), **found}
             except NotFoundError:
                 found = {}
             answers.append(
@@ -926,6 +978,14 @@ class Broker:
                 }
             )
         return answers
+
+
+class _StartOfShard:
+    """A checkpoint at the start of a shard, for ``_committed_offset``."""
+
+    def __init__(self, sequence: int) -> None:
+        self.cursor = encode_cursor(sequence)
+        self.consumer = ""
 
 
 class KafkaBatchRefused(Exception):

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import struct
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from loghub._clock import Clock
 
-__all__ = ["Coordinator", "GroupState"]
+__all__ = ["Coordinator", "GroupState", "subscribed_topics"]
 
 NONE = 0
 ILLEGAL_GENERATION = 22
@@ -343,6 +344,38 @@ class Coordinator:
 
     def describe(self, group_id: str) -> Group | None:
         return self.groups.get(group_id)
+
+    def force_rebalance(self, group_id: str) -> None:
+        """Makes a settled group rebalance (its members learn it from their next heartbeat),
+        so that a leader assigns partitions that have appeared since."""
+        group = self.groups.get(group_id)
+        if group is not None and group.state in (
+            GroupState.STABLE,
+            GroupState.COMPLETING_REBALANCE,
+        ):
+            self._prepare_rebalance(group)
+            self._try_complete_join(group)
+
+
+def subscribed_topics(group: Group) -> set[str]:
+    """The topics the members of a "consumer" group subscribe to, read from the
+    ConsumerProtocolSubscription each sent (int16 version, then an array of int16-length
+    strings, in every version); metadata that does not parse is skipped."""
+    topics: set[str] = set()
+    if group.protocol_type != "consumer":
+        return topics
+    for member in group.members.values():
+        for _name, metadata in member.protocols[:1]:
+            try:
+                (count,) = struct.unpack_from(">i", metadata, 2)
+                pos = 6
+                for _ in range(max(0, min(count, 10_000))):
+                    (size,) = struct.unpack_from(">h", metadata, pos)
+                    topics.add(metadata[pos + 2 : pos + 2 + size].decode())
+                    pos += 2 + size
+            except (struct.error, UnicodeDecodeError):
+                continue
+    return topics
 
 
 def _join_error(error: int, member_id: str) -> dict[str, Any]:
