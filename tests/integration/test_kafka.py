@@ -4,7 +4,10 @@ reads and writes the same shards."""
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
 import struct
 import time
 import warnings
@@ -203,7 +206,14 @@ def test_a_group_of_both_clients_shares_the_partitions_and_resumes_from_commits(
             again.extend(r.value for r in records)
     resumed.close()
     assert sorted(again) == sorted(f"v{i}".encode() for i in range(40, 45))
-    # the commits are LogHub checkpoints of the group of the same name
+    # the commits are LogHub checkpoints of the group of the same name, read to the end
+    described = _loghub(server, "group", "describe", "groups", "mixed", "--json")
+    assert {s["shard"]: s["lagGroups"] for s in json.loads(described)["shards"]} == {
+        0: 0,
+        1: 0,
+        2: 0,
+        3: 0,
+    }
     checkpoints = sdk.get_check_point(PROJECT, "groups", "mixed")
     assert {c["shard"] for c in checkpoints.get_consumer_group_check_points()} == {0, 1, 2, 3}
 
@@ -242,6 +252,17 @@ def test_logs_cross_between_the_sdk_and_kafka_with_fields_intact(
     assert logs[-1]["__key__"] == "user-1"
     assert logs[-1]["__value__"] == "clicked"
     assert logs[-1]["page"] == "/home"
+    tailed = _loghub(server, "tail", "cross", "--from", "begin", "--no-follow")
+    last = json.loads(tailed.splitlines()[-1])
+    assert last["contents"]["__key__"] == "user-1"
+    assert last["contents"]["__value__"] == "clicked"
+
+
+def _loghub(server: ServerProcess, *args: str) -> str:
+    """Runs the `loghub` command against the server; its standard output."""
+    command = [sys.executable, "-m", "loghub", *args, "-p", PROJECT]
+    command += ["--endpoint", server.endpoint]
+    return subprocess.run(command, check=True, capture_output=True, text=True, timeout=60).stdout
 
 
 # -- raw requests ----------------------------------------------------------------------------

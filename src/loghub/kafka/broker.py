@@ -22,8 +22,9 @@ Fetch long-polls: without ``MinBytes`` of data it looks again every ``fetch_poll
 
 Committed offsets are LogHub checkpoints of the consumer group of the same name on the
 topic's logstore (created when first committed), so ``loghub group`` commands and LogHub
-consumers see them; an offset inside a log group is kept exactly in the checkpoint's consumer
-field (``kafka:<offset>``), the cursor naming its group.
+consumers see them. The cursor names the next log group to read (the one after, when a commit
+is at the end of a group); an offset inside a log group is kept exactly in the checkpoint's
+consumer field (``kafka:<offset>``).
 
 Not thread-safe: used from the listener's event loop; blocking calls go to a thread pool.
 """
@@ -889,8 +890,10 @@ class Broker:
         located = self._locate(topic, session)
         if located is None:
             return UNKNOWN_TOPIC_OR_PARTITION
-        sequence, _index = position_of(max(offset, 0))
+        sequence, index = position_of(max(offset, 0))
         try:
+            if index and self._group_ends_before(located, partition, sequence, index):
+                sequence += 1  # the group is read to its end: LogHub resumes after it
             self.service.save_checkpoint(
                 *located,
                 group_id,
@@ -919,6 +922,16 @@ class Broker:
                 begin, _end = self.service.shard_range(*located, shard.shard_id)
                 starts[shard.shard_id] = _StartOfShard(begin)
         return starts
+
+    def _group_ends_before(
+        self, located: tuple[str, str], partition: int, sequence: int, index: int
+    ) -> bool:
+        """Whether the log group at ``sequence`` has ``index`` logs or fewer."""
+        try:
+            groups = self.service.read_log_groups(*located, partition, sequence, 1, 1)
+        except LogHubError:
+            return False
+        return bool(groups) and len(group_to_records(groups[0])) <= index
 
     async def _offset_fetch(
         self, request: Message, header: RequestHeader, session: Session
@@ -1012,7 +1025,7 @@ def _committed_offset(checkpoint: Any) -> int:
         except ValueError:
             offset = -1
         if offset >= 0 and position_of(offset)[0] == sequence:
-            return offset
+            return offset  # written here, inside a log group: exact
     return offset_of(sequence)
 
 
