@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import subprocess
 import sys
-import struct
 import time
 import warnings
 from collections.abc import Iterator
