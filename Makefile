@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/spark_source.py
 	$(PY) benchmarks/big_bodies.py
 	$(PY) benchmarks/consumer_memory.py
+	$(PY) benchmarks/kafka_protocol.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -492,3 +492,16 @@ def test_a_sigkill_during_acks_all_produce_loses_no_acked_record(
         server.stop()
     assert 0 < len(acked) < 3000, "the kill came before any ack or after all of them"
     assert set(acked) <= {m.value for m in stored}
+
+
+def test_a_consumer_moves_past_a_log_group_larger_than_its_fetch_size(
+    server: ServerProcess, sdk: LogClient
+) -> None:
+    topic = _logstore(sdk, "big-groups", shards=1)
+    value = b"x" * 1500
+    with socket.create_connection(("127.0.0.1", server.kafka_port), timeout=10) as sock:  # type: ignore[attr-defined]
+        for batch_number in range(2):  # two log groups of about 1.5 MB each
+            records = [Record(1_700_000_000_000, None, value, (), i) for i in range(1000)]
+            assert _produce(sock, topic, build_batch(0, records))["ErrorCode"] == 0
+    got = _kp_consume(server, topic, 1, 2000)  # fetches of at most 1 MiB a partition
+    assert len(got) == 2000

@@ -675,24 +675,43 @@ class Broker:
             bytes_max = min(bytes_max, partition["PartitionMaxBytes"])
             if sequence == end or (bytes_max <= 0 and not first):
                 return entry
-            groups = self.service.read_log_groups(
-                *located, index, sequence, self.config.fetch_groups_max, max(bytes_max, 1)
-            )
+            chunks = self._read_batches(located, index, sequence, position, end, bytes_max)
         except NotFoundError:
             entry["ErrorCode"] = UNKNOWN_TOPIC_OR_PARTITION
             return entry
         except (QuotaError, UnavailableError, RequestError) as exc:
             entry["ErrorCode"] = _read_error(exc)
             return entry
-        chunks = []
-        for seq, raw in enumerate(groups, start=sequence):
-            records = group_to_records(raw)
-            if seq == sequence:
-                records = [r for r in records if r.offset_delta >= position]
-            if records:
-                chunks.append(build_batch(offset_of(seq), records))
         entry["Records"] = b"".join(chunks)
         return entry
+
+    def _read_batches(
+        self,
+        located: tuple[str, str],
+        index: int,
+        sequence: int,
+        position: int,
+        end: int,
+        bytes_max: int,
+    ) -> list[bytes]:
+        """Record batches from the log group at ``sequence`` on, without the records below
+        ``position`` in it. An offset at the end of a group (a consumer that read all of it)
+        names no record of that group: the batches then start at the next one."""
+        chunks: list[bytes] = []
+        while not chunks and sequence < end:
+            groups = self.service.read_log_groups(
+                *located, index, sequence, self.config.fetch_groups_max, max(bytes_max, 1)
+            )
+            if not groups:
+                break
+            for seq, raw in enumerate(groups, start=sequence):
+                records = group_to_records(raw)
+                if seq == sequence and position:
+                    records = [r for r in records if r.offset_delta >= position]
+                if records:
+                    chunks.append(build_batch(offset_of(seq), records))
+            sequence, position = sequence + len(groups), 0
+        return chunks
 
     async def _list_offsets(
         self, request: Message, header: RequestHeader, session: Session
