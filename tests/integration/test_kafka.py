@@ -500,7 +500,7 @@ def test_a_consumer_moves_past_a_log_group_larger_than_its_fetch_size(
     topic = _logstore(sdk, "big-groups", shards=1)
     value = b"x" * 1500
     with socket.create_connection(("127.0.0.1", server.kafka_port), timeout=10) as sock:  # type: ignore[attr-defined]
-        for batch_number in range(2):  # two log groups of about 1.5 MB each
+        for _batch in range(2):  # two log groups of about 1.5 MB each
             records = [Record(1_700_000_000_000, None, value, (), i) for i in range(1000)]
             assert _produce(sock, topic, build_batch(0, records))["ErrorCode"] == 0
     got = _kp_consume(server, topic, 1, 2000)  # fetches of at most 1 MiB a partition
