@@ -143,6 +143,8 @@ UNKNOWN_SERVER_ERROR = -1
 _NODE_ID = 1
 _CLUSTER_ID = "loghub"
 _PRODUCER_BATCHES_KEPT = 5
+# (producer, partition) pairs whose last batches are kept; the oldest is forgotten first
+producer_partitions_max = 100_000
 _AUTHORIZED_OPERATIONS_UNKNOWN = -(2**31)
 _COMMIT_CONSUMER_PREFIX = "kafka:"
 
@@ -590,6 +592,8 @@ class Broker:
                     info.producer_epoch, collections.deque(maxlen=_PRODUCER_BATCHES_KEPT)
                 )
                 self._producers[state_key] = state
+                if len(self._producers) > producer_partitions_max:
+                    del self._producers[next(iter(self._producers))]
             state.batches.append((info.base_sequence, last_seq, base))
         return base
 

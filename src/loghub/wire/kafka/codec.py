@@ -32,7 +32,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from loghub.errors import LogHubError
+from loghub.errors import KafkaDecodeError
 
 __all__ = [
     "API_KEYS",
@@ -74,10 +74,6 @@ API_KEYS: dict[int, str] = {
 }
 _API_VERSIONS_KEY = 18
 _NO_VERSION = 1 << 30
-
-
-class KafkaDecodeError(LogHubError):
-    """Bytes that are not a valid message of the API and version they claim."""
 
 
 def _versions(text: str | None) -> tuple[int, int]:

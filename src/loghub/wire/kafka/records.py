@@ -41,7 +41,7 @@ import crc32c
 import lz4.frame
 import zstandard
 
-from loghub.errors import LogHubError
+from loghub.errors import CorruptBatch, UnsupportedCompression, UnsupportedMagic
 
 __all__ = [
     "CODEC_NAMES",
@@ -63,18 +63,6 @@ _MAGIC_OFFSET = 16
 _CONTROL_BIT = 0x20
 _TRANSACTIONAL_BIT = 0x10
 assert _HEADER.size == _HEADER_BYTES
-
-
-class CorruptBatch(LogHubError):
-    """A batch whose CRC, lengths or records do not hold together."""
-
-
-class UnsupportedMagic(LogHubError):
-    """A legacy (magic 0 or 1) message set."""
-
-
-class UnsupportedCompression(LogHubError):
-    """A batch compressed with a codec this server cannot read."""
 
 
 @dataclass(frozen=True)
