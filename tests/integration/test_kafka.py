@@ -505,3 +505,59 @@ def test_a_consumer_moves_past_a_log_group_larger_than_its_fetch_size(
             assert _produce(sock, topic, build_batch(0, records))["ErrorCode"] == 0
     got = _kp_consume(server, topic, 1, 2000)  # fetches of at most 1 MiB a partition
     assert len(got) == 2000
+
+
+def test_members_of_both_clients_join_and_leave_without_losing_or_repeating_records(
+    server: ServerProcess, sdk: LogClient
+) -> None:
+    topic = _logstore(sdk, "churn", shards=4)
+    producer = KafkaProducer(bootstrap_servers=_bootstrap(server), acks="all")
+    read: dict[str, list[bytes]] = {"kp": [], "ck": []}
+    sent: list[bytes] = []
+
+    def produce(first: int) -> None:
+        for i in range(first, first + 20):
+            sent.append(f"{i:03d}".encode())
+            producer.send(topic, key=f"k{i}".encode(), value=sent[-1])
+        producer.flush()
+
+    def poll(members: dict[str, Any], seconds: float, until_all_read: bool = True) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if until_all_read and sum(map(len, read.values())) >= len(sent):
+                return
+            if "kp" in members:
+                for records in members["kp"].poll(timeout_ms=50).values():
+                    read["kp"].extend(r.value for r in records)
+            if "ck" in members:
+                message = members["ck"].poll(0.05)
+                if message is not None and not message.error():
+                    read["ck"].append(message.value())
+
+    kp = KafkaConsumer(
+        topic, bootstrap_servers=_bootstrap(server), group_id="churn",
+        auto_offset_reset="earliest", auto_commit_interval_ms=200, heartbeat_interval_ms=200,
+    )  # fmt: skip
+    while not kp.assignment():
+        kp.poll(timeout_ms=100)
+    produce(0)
+    poll({"kp": kp}, 15)  # kp alone
+    ck = Consumer(
+        {"bootstrap.servers": _bootstrap(server), "group.id": "churn", "auto.offset.reset":
+         "earliest", "heartbeat.interval.ms": 200, "auto.commit.interval.ms": 200}
+    )  # fmt: skip
+    ck.subscribe([topic])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (ck.assignment() and kp.assignment()):
+        poll({"kp": kp, "ck": ck}, 0.1, until_all_read=False)
+    assert ck.assignment() and kp.assignment()  # ck joined, the partitions are shared
+    produce(20)
+    poll({"kp": kp, "ck": ck}, 15)
+    kp.close()  # commits and leaves: ck takes over every partition
+    produce(40)
+    poll({"ck": ck}, 20)
+    ck.close()
+    producer.close()
+    everything = read["kp"] + read["ck"]
+    assert sorted(everything) == sorted(sent)  # none lost, none read twice
+    assert read["kp"] and read["ck"]

@@ -11,8 +11,10 @@ rebalance is complete, and forwards opaque bytes. Life cycle of a group::
       +---- leaves -----+     | its session expires               v
                               +------------------------------- STABLE
 
-While PREPARING_REBALANCE, Heartbeat, SyncGroup and OffsetCommit of members answer
-REBALANCE_IN_PROGRESS (27), which makes them send JoinGroup again. A join from a new member
+While PREPARING_REBALANCE, Heartbeat and SyncGroup of members answer REBALANCE_IN_PROGRESS
+(27), which makes them send JoinGroup again; an OffsetCommit of the current generation is still
+accepted then (members commit what they read before rejoining), and answered 27 only while
+COMPLETING_REBALANCE. A join from a new member
 (or from any member of a STABLE group) starts a rebalance. A member that sends nothing for its
 session timeout is removed (members waiting in JoinGroup do not expire); a rebalance drops the
 members that did not rejoin within the largest rebalance timeout.
@@ -230,7 +232,17 @@ class Coordinator:
         id comes from a consumer outside the group protocol (``assign``): accepted."""
         if generation < 0 and not member_id:
             return NONE
-        return self._check_member(self.groups.get(group_id), member_id, generation)
+        group = self.groups.get(group_id)
+        if group is None or member_id not in group.members:
+            return UNKNOWN_MEMBER_ID
+        group.members[member_id].last_seen_ms = self._clock.monotonic_ms()
+        if generation != group.generation:
+            return ILLEGAL_GENERATION
+        # A member commits what it read before it rejoins (PREPARING_REBALANCE: accepted, as
+        # Kafka does); between the join and the assignment its partitions are not its own.
+        if group.state is GroupState.COMPLETING_REBALANCE:
+            return REBALANCE_IN_PROGRESS
+        return NONE
 
     # -- time ----------------------------------------------------------------------------
 
