@@ -122,6 +122,10 @@ def _bytes(value: str | bytes) -> bytes:
     return value if isinstance(value, bytes) else value.encode()
 
 
+def _as_str(value: str | bytes) -> str:
+    return value if isinstance(value, str) else value.decode(errors="replace")
+
+
 def group_to_records(raw: bytes) -> list[Record]:
     """The records of one stored LogGroup; ``offset_delta`` is the log's index."""
     group = parse_log_group(raw)
@@ -135,11 +139,12 @@ def group_to_records(raw: bytes) -> list[Record]:
             (f"__tag__:{_bytes(tag.Key).decode(errors='replace')}", _bytes(tag.Value))
         )
     records = []
+    value_fields = _VALUE_FIELDS
     for index, log in enumerate(group.Logs):
-        timestamp_ms = int(log.Time) * 1000 + int(log.Time_ns) // 1_000_000
-        contents = [(_bytes(c.Key).decode(errors="replace"), _bytes(c.Value)) for c in log.Contents]
-        names = {name for name, _ in contents}
-        if names & _VALUE_FIELDS:
+        timestamp_ms = log.Time * 1000 + log.Time_ns // 1_000_000
+        contents = [(_as_str(c.Key), _bytes(c.Value)) for c in log.Contents]
+        # a log written through Kafka ends with its value (records_to_group writes it last)
+        if contents and (contents[-1][0] in value_fields or value_fields & dict(contents).keys()):
             records.append(_kafka_written(contents, timestamp_ms, index))
         else:
             value = json.dumps(

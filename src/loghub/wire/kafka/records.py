@@ -247,23 +247,41 @@ def build_batch(
     assert records
     base_ts = records[0].timestamp_ms
     max_ts = max(r.timestamp_ms for r in records)
-    body = bytearray()
+    varint = _varint  # the hot loop of a fetch: local names, small varints from a table
+    parts: list[bytes] = []
+    append = parts.append
     for record in records:
-        inner = bytearray(b"\x00")
-        inner += _zigzag(record.timestamp_ms - base_ts)
-        inner += _zigzag(record.offset_delta)
-        for blob in (record.key, record.value):
-            inner += _zigzag(-1) if blob is None else _zigzag(len(blob)) + blob
-        inner += _zigzag(len(record.headers))
-        for name, value in record.headers:
+        key, value, headers = record.key, record.value, record.headers
+        inner = [
+            b"\x00",
+            varint(record.timestamp_ms - base_ts),
+            varint(record.offset_delta),
+            _NULL if key is None else varint(len(key)) + key,
+            _NULL if value is None else varint(len(value)) + value,
+            varint(len(headers)),
+        ]
+        for name, header_value in headers:
             name_bytes = name.encode()
-            inner += _zigzag(len(name_bytes)) + name_bytes
-            inner += _zigzag(-1) if value is None else _zigzag(len(value)) + value
-        body += _zigzag(len(inner)) + inner
+            inner.append(varint(len(name_bytes)) + name_bytes)
+            inner.append(
+                _NULL if header_value is None else varint(len(header_value)) + header_value
+            )
+        encoded = b"".join(inner)
+        append(varint(len(encoded)))
+        append(encoded)
     last_delta = records[-1].offset_delta
     after_crc = struct.pack(
         ">hiqqqhii", 0, last_delta, base_ts, max_ts, producer_id, -1, base_sequence, len(records)
-    ) + bytes(body)
+    ) + b"".join(parts)
     crc = crc32c.crc32c(after_crc)
     head = struct.pack(">qiibI", base_offset, len(after_crc) + 9, 0, 2, crc)
     return head + after_crc
+
+
+_SMALL_VARINTS = [_zigzag(value) for value in range(1 << 14)]
+_NULL = _zigzag(-1)
+
+
+def _varint(value: int) -> bytes:
+    """``_zigzag``, from a table for the common small non-negative values."""
+    return _SMALL_VARINTS[value] if 0 <= value < 16384 else _zigzag(value)
