@@ -312,7 +312,11 @@ def serve(
         ),
         limits=Limits(**given_limits),
     )
-    run_server(server_config, _kafka_front_end(server_config))
+    front_ends = _kafka_front_end(server_config)
+    if front_ends:
+        run_server(server_config, front_ends)
+    else:
+        run_server(server_config)
 
 
 def _kafka_front_end(config: ServerConfig) -> list[Any]:
