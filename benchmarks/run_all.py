@@ -62,6 +62,7 @@ BUDGETS: dict[str, tuple[list[str], float]] = {
     "validate": (["--runs", "3"], 90),
     "heartbeats": (["--runs", "3"], 100),
     "idle_shards": (["--runs", "3"], 100),
+    "kafka_protocol": (["--logs", "50000", "--runs", "3"], 150),
 }
 DEFAULT_BUDGET: tuple[list[str], float] = ([], 90)
 SMOKE_SECONDS = 120  # one script's limit with --smoke (they take a few seconds)

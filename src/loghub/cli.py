@@ -195,6 +195,20 @@ def serve(
         bool,
         typer.Option(help="refuse a v1 signature reused for another project (503 SignatureReused)"),
     ] = ServerConfig.v1_project_binding,
+    # Kafka listener
+    kafka_port: Annotated[
+        int | None, typer.Option(help="also speak the Kafka protocol on this port (off unless set)")
+    ] = None,
+    kafka_advertised_host: Annotated[
+        str | None,
+        typer.Option(help="host Kafka clients are told to connect to (default: --host)"),
+    ] = None,
+    kafka_topic_separator: Annotated[
+        str, typer.Option(help="Kafka topic = project<separator>logstore")
+    ] = ServerConfig.kafka_topic_separator,
+    kafka_initial_rebalance_delay_ms: Annotated[
+        int, typer.Option(help="a new Kafka group waits this long for more members", min=0)
+    ] = ServerConfig.kafka_initial_rebalance_delay_ms,
     # quotas
     shard_write_bytes_per_s: Annotated[
         int, typer.Option(help="per-shard write quota in raw bytes/s (0: none)", min=0)
@@ -288,13 +302,38 @@ def serve(
         tls_cert_file=tls_cert,
         tls_key_file=tls_key,
         v1_project_binding=v1_project_binding,
+        kafka_port=kafka_port,
+        kafka_advertised_host=kafka_advertised_host,
+        kafka_topic_separator=kafka_topic_separator,
+        kafka_initial_rebalance_delay_ms=kafka_initial_rebalance_delay_ms,
         # quotas
         shard_quota=_shard_quota(
             shard_write_bytes_per_s, shard_write_requests_per_s, shard_read_bytes_per_s
         ),
         limits=Limits(**given_limits),
     )
-    run_server(server_config)
+    front_ends = _kafka_front_end(server_config)
+    if front_ends:
+        run_server(server_config, front_ends)
+    else:
+        run_server(server_config)
+
+
+def _kafka_front_end(config: ServerConfig) -> list[Any]:
+    """The Kafka listener as a front end of `loghub serve`, its port bound now so that a port
+    in use is an error at start-up."""
+    if config.kafka_port is None:
+        return []
+    from loghub.kafka import start_listener
+    from loghub.server.main import bind_listener, check_kafka
+
+    check_kafka(config)
+    sock = bind_listener(config.host, config.kafka_port)
+
+    def start(service: Any) -> Any:
+        return start_listener(service, sock, config).stop
+
+    return [start]
 
 
 def _shard_quota(

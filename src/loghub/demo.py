@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +20,11 @@ from rich.table import Table
 
 from loghub.client import LogHubClient
 from loghub.errors import AlreadyExistsError
+from loghub.kafka import start_listener
 from loghub.pipelines import SPARK_EXTRA_MISSING, spark_is_missing
 from loghub.server.config import ServerConfig
 from loghub.server.embedded import EmbeddedServer
+from loghub.server.main import bind_listener
 from loghub.wire.logs import make_log_group
 
 __all__ = ["access_logs", "run_demo"]
@@ -55,6 +58,34 @@ def access_logs(
                 "user_agent": rng.choice(("curl/8.5", "Mozilla/5.0", "python-httpx/0.28")),
             },
         )
+
+
+def _read_through_kafka(server: EmbeddedServer, console: Console, shards: int) -> None:
+    """Starts the Kafka listener on the demo's server and reads the first logs of every shard
+    back through it with kafka-python (a dev extra; without it, only the address is shown)."""
+    sock = bind_listener("127.0.0.1", 0)
+    listener = start_listener(server.app.service, sock, server.app.config)
+    bootstrap = f"127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                from kafka import KafkaConsumer, TopicPartition  # type: ignore[import-untyped]
+        except ImportError:
+            console.print(f"Kafka listener on {bootstrap}: topic {PROJECT}.{LOGSTORE}")
+            return
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+        consumer.assign([TopicPartition(f"{PROJECT}.{LOGSTORE}", p) for p in range(shards)])
+        records = [r for batch in consumer.poll(timeout_ms=5000).values() for r in batch]
+        consumer.close()
+        console.print(
+            f"Kafka listener on {bootstrap}: kafka-python read {len(records)} of those logs "
+            f"from topic {PROJECT}.{LOGSTORE}, e.g. {records[0].value[:80]!r}"
+            if records
+            else f"Kafka listener on {bootstrap}: no records read"
+        )
+    finally:
+        listener.stop()
 
 
 def run_demo(
@@ -99,6 +130,7 @@ def run_demo(
         if expected != got:
             raise SystemExit(f"demo: read back {len(received)} logs, not the {len(sent)} sent")
         _print_summary(console, received, len(shards), produce_s, read_s)
+        _read_through_kafka(server, console, len(shards))
         if with_pipeline:
             # Spark starts in a second JVM: the slow part of the demo (about a minute)
             try:

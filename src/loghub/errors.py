@@ -18,6 +18,12 @@ into the same class.
     ├── CoordinationError               coordination's own state (a 500 if one reaches a server)
     │   ├── LeaseLostError              this worker no longer holds a lease it used
     │   └── IllegalTransition           a state machine was asked for a move it does not allow
+    ├── KafkaWireError                  Kafka protocol input (wire/kafka raises these; the Kafka
+    │   │                               listener answers with a Kafka error code or closes)
+    │   ├── KafkaDecodeError            not a valid request of the API and version it claims
+    │   ├── CorruptBatch                a record batch whose CRC, lengths or records are bad
+    │   ├── UnsupportedMagic            a legacy (magic 0 or 1) message set
+    │   └── UnsupportedCompression      a batch compressed with a codec LogHub cannot read
     │
     │   The protocol's codes (server/ and client/ speak these):
     ├── RequestError                    the client's mistake (4xx); never retried by the SDK
@@ -78,6 +84,7 @@ __all__ = [
     "ConsumerGroupNotExist",
     "ConsumerNotMatch",
     "CoordinationError",
+    "CorruptBatch",
     "CorruptSegmentError",
     "DataCorrupted",
     "DatabaseError",
@@ -88,6 +95,8 @@ __all__ = [
     "InvalidCompressType",
     "InvalidCursor",
     "InvalidShardCheckPoint",
+    "KafkaDecodeError",
+    "KafkaWireError",
     "LeaseLostError",
     "LogHubError",
     "LogSealedError",
@@ -120,6 +129,8 @@ __all__ = [
     "TransportError",
     "Unauthorized",
     "UnavailableError",
+    "UnsupportedCompression",
+    "UnsupportedMagic",
     "error_class_for_code",
 ]
 
@@ -347,6 +358,26 @@ class LeaseLostError(CoordinationError):
 
 class IllegalTransition(CoordinationError):
     pass
+
+
+class KafkaWireError(LogHubError):
+    pass
+
+
+class KafkaDecodeError(KafkaWireError):
+    """Bytes that are not a valid message of the API and version they claim."""
+
+
+class CorruptBatch(KafkaWireError):
+    """A record batch whose CRC, lengths or records do not hold together."""
+
+
+class UnsupportedMagic(KafkaWireError):
+    """A legacy (magic 0 or 1) message set."""
+
+
+class UnsupportedCompression(KafkaWireError):
+    """A record batch compressed with a codec this server cannot read (snappy)."""
 
 
 class QuotaError(LogHubError):

@@ -32,6 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "testing": _BASE | {"wire", "storage", "metadata", "coordination", "client", "consumer"},
     "spark": _BASE | {"wire", "client"},
     "pipelines": _BASE | {"wire", "client", "spark"},
+    "kafka": _BASE | {"wire", "server"},  # the Kafka front end calls the service
     "_sql": {"errors"},  # the one SQL engine factory, for the metadata and lease stores
 }
 TOP = {"cli", "cli_admin", "demo", "__main__"}  # the command line may use everything

@@ -147,6 +147,12 @@ class ServerConfig:
     # (shardWriteQuotaBytesPerSecond, ...); 0 means none. Over a quota: 403
     # ShardWriteQuotaExceed / ShardReadQuotaExceed.
     shard_quota: ShardQuota = field(default_factory=ShardQuota)
+    # Kafka listener (docs/kafka.md): off unless a port is given. Clients connect to what
+    # Metadata advertises, so the advertised host must be reachable by them (default: host).
+    kafka_port: int | None = None
+    kafka_advertised_host: str | None = None
+    kafka_topic_separator: str = "."
+    kafka_initial_rebalance_delay_ms: int = 500
 
     def __post_init__(self) -> None:
         if self.parse_processes > 0:

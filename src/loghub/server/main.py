@@ -13,6 +13,7 @@ import errno
 import logging
 import math
 import socket
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy.exc
@@ -23,6 +24,9 @@ from loghub.server.app import build_app
 from loghub.server.config import ServerConfig, is_loopback_host
 from loghub.server.http_protocol import bounded_protocol
 from loghub.server.memory import return_large_buffers_to_os
+from loghub.server.service import LogHubService
+
+FrontEnd = Callable[[LogHubService], Callable[[], None]]
 
 __all__ = ["bind_listener", "check_bind", "check_tls", "serve", "uvicorn_config"]
 
@@ -49,13 +53,16 @@ def check_tls(config: ServerConfig) -> None:
             raise ParameterInvalid(f"TLS file {path} does not exist or is not a file")
 
 
-def serve(config: ServerConfig) -> None:
+def serve(config: ServerConfig, front_ends: Sequence[FrontEnd] = ()) -> None:
     """Runs until SIGINT or SIGTERM; then stops accepting, finishes requests and closes.
+    Each of ``front_ends`` (the Kafka listener) is started with the service once it is
+    open, and stopped by the function it returned when the HTTP server has stopped.
 
     The HTTP protocol is uvicorn's httptools one with LogHub's header, body and idle
     timeouts and its connection cap (``http_protocol.py``)."""
     check_bind(config)
     check_tls(config)
+    check_kafka(config)
     listener = bind_listener(config.host, config.port)
     return_large_buffers_to_os()
     try:
@@ -66,6 +73,7 @@ def serve(config: ServerConfig) -> None:
     except BaseException:
         listener.close()
         raise
+    stops = [start(app.service) for start in front_ends]
     log.info(
         "LogHub serving %s on %s://%s:%d (auth %s, fsync %s)",
         config.data_dir,
@@ -75,7 +83,21 @@ def serve(config: ServerConfig) -> None:
         "on" if config.auth_enabled else "off",
         config.fsync_policy,
     )
-    uvicorn.Server(uvicorn_config(app, config)).run(sockets=[listener])
+    try:
+        uvicorn.Server(uvicorn_config(app, config)).run(sockets=[listener])
+    finally:
+        for stop in stops:
+            stop()
+
+
+def check_kafka(config: ServerConfig) -> None:
+    """The Kafka listener's settings, checked before anything listens."""
+    if config.kafka_port is None:
+        return
+    if not config.kafka_topic_separator or config.limits.logs_per_group_max > 1 << 20:
+        raise ParameterInvalid(
+            "the Kafka listener needs a topic separator and logs_per_group_max <= 1048576"
+        )
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

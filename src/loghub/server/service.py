@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import shutil
@@ -23,6 +24,8 @@ from typing import Any
 
 from loghub._clock import Clock
 from loghub.errors import (
+    ConsumerGroupAlreadyExist,
+    ConsumerGroupNotExist,
     DataCorrupted,
     InvalidCursor,
     LogHubError,
@@ -35,7 +38,15 @@ from loghub.errors import (
     ShardReadOnly,
     StorageClosedError,
 )
-from loghub.metadata import Logstore, LogstoreSpec, MetadataStore, Shard, parse_hash_key
+from loghub.metadata import (
+    Checkpoint,
+    ConsumerGroupDef,
+    Logstore,
+    LogstoreSpec,
+    MetadataStore,
+    Shard,
+    parse_hash_key,
+)
 from loghub.server.autosplit import AutoSplitMonitor
 from loghub.server.commit import CommitQueue
 from loghub.server.config import ServerConfig
@@ -53,7 +64,7 @@ from loghub.storage import (
 )
 from loghub.wire.compression import compress
 from loghub.wire.cursor import decode_cursor, encode_cursor
-from loghub.wire.logs import PULL_BYTES_MAX_PARAM, frame_log_group
+from loghub.wire.logs import PULL_BYTES_MAX_PARAM, frame_log_group, split_log_group_list
 from loghub.wire.values import json_bool, json_int, parse_decimal
 
 __all__ = ["LogHubService", "Offload", "PullResult"]
@@ -590,6 +601,82 @@ class LogHubService:
                     store.storage_key, shard_ids, now_ms, store.ttl_days * _DAY_MS
                 )
         return deleted
+
+    # -- for front ends other than REST (the Kafka listener) ---------------------------------
+    # Protocol-neutral reads and writes, so that a front end needs nothing below this class.
+
+    def list_shards(self, project: str, logstore: str) -> list[Shard]:
+        """Every shard of the logstore, read-only ones included, by id. Ids are dense and
+        append-only: 0..n-1 at creation, children continue after the largest id ever given."""
+        return self.metadata.list_shards(project, logstore)
+
+    def get_logstore(self, project: str, logstore: str) -> Logstore:
+        return self.metadata.get_logstore(project, logstore)
+
+    def append_log_group(
+        self, project: str, logstore: str, shard_id: int, raw: bytes
+    ) -> int | None:
+        """Appends one serialized LogGroup to the shard, or, when the shard has turned
+        read-only (split or merge), to a writable shard of the logstore; returns its sequence
+        number in ``shard_id``, or None when it went elsewhere. Durable under the server's
+        fsync policy, as PutLogs. Blocking: call from a thread."""
+        shard = self.metadata.get_shard(project, logstore, shard_id)
+        if _writable(shard):
+            try:
+                return self.put_logs(project, logstore, str(shard_id), None, raw, None, len(raw))
+            except ShardReadOnly:
+                pass  # sealed since it was looked at
+        self.put_logs(project, logstore, "lb", None, raw, None, len(raw))
+        return None
+
+    def shard_range(self, project: str, logstore: str, shard_id: int) -> tuple[int, int]:
+        """The retained sequences ``[begin, end)`` of a shard."""
+        shard_log = self.shard_log(project, logstore, shard_id)
+        return shard_log.begin_seq, shard_log.end_seq
+
+    def seq_for_time(self, project: str, logstore: str, shard_id: int, time_ms: int) -> int:
+        """The first sequence received at or after ``time_ms`` (the time index)."""
+        return self.shard_log(project, logstore, shard_id).seq_for_time(time_ms)
+
+    def read_log_groups(
+        self, project: str, logstore: str, shard_id: int, start_seq: int, count: int, bytes_max: int
+    ) -> list[bytes]:
+        """Serialized LogGroups from ``start_seq`` on (consecutive sequences), at most
+        ``count`` and about ``bytes_max`` bytes, at least one when any is there. Blocking."""
+        store = self.metadata.get_logstore(project, logstore)
+        shard_log = self._open_log(store, self.metadata.get_shard(project, logstore, shard_id))
+        quota, quota_key = self.shard_quota(store), (project, logstore, shard_id)
+        self.quotas.admit_read(quota_key, quota)
+        try:
+            batch = shard_log.read(start_seq, count, bytes_max)
+        except RecordsLostError as exc:
+            raise _with_cursors(exc, logstore, shard_id) from exc
+        self.quotas.charge_read(quota_key, quota, len(batch.data))
+        self.metrics.count_pull(project, logstore, shard_id, batch.count, len(batch.data))
+        return split_log_group_list(batch.data)
+
+    def checkpoints(self, project: str, logstore: str, group: str) -> Mapping[int, Checkpoint]:
+        """The group's checkpoints by shard; none when the group does not exist."""
+        catalog = self.metadata.consumer_groups(project, logstore)
+        try:
+            return catalog.checkpoints(project, logstore, group)
+        except ConsumerGroupNotExist:
+            return {}
+
+    def save_checkpoint(
+        self, project: str, logstore: str, group: str, shard_id: int, cursor: str, consumer: str
+    ) -> None:
+        """Stores a checkpoint durably, creating the consumer group (unordered, with the
+        default timeout) when it does not exist yet."""
+        catalog = self.metadata.consumer_groups(project, logstore)
+        self.metadata.get_shard(project, logstore, shard_id)
+        try:
+            catalog.get(project, logstore, group)
+        except ConsumerGroupNotExist:
+            with contextlib.suppress(ConsumerGroupAlreadyExist):
+                catalog.create(project, logstore, ConsumerGroupDef(group, 60, False))
+        checkpoint = Checkpoint(shard_id, cursor, consumer, self.clock.wall_ms() * 1000)
+        catalog.save_checkpoint(project, logstore, group, checkpoint)
 
 
 class _Sealer:

@@ -43,6 +43,7 @@ __all__ = [
     "make_log_group",
     "parse_log_group",
     "parse_log_group_list",
+    "split_log_group_list",
 ]
 
 PULL_BYTES_MAX_PARAM = "loghub_max_bytes"
@@ -92,6 +93,28 @@ def _parse(message_class: type[LogGroup], raw: bytes) -> LogGroup:
 def frame_log_group(raw: bytes) -> bytes:
     """``raw`` (a serialized ``LogGroup``) as one entry of a serialized ``LogGroupList``."""
     return _LOG_GROUP_LIST_ENTRY_TAG + _varint(len(raw)) + raw
+
+
+def split_log_group_list(data: bytes) -> list[bytes]:
+    """The serialized groups of a serialized ``LogGroupList`` (the inverse of concatenating
+    ``frame_log_group`` entries), without parsing the groups."""
+    groups: list[bytes] = []
+    pos = 0
+    while pos < len(data):
+        if data[pos : pos + 1] != _LOG_GROUP_LIST_ENTRY_TAG:
+            raise PostBodyInvalid("not a LogGroupList: an entry is not field 1")
+        pos += 1
+        size, shift = 0, 0
+        while True:
+            byte = data[pos]
+            pos += 1
+            size |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                break
+            shift += 7
+        groups.append(data[pos : pos + size])
+        pos += size
+    return groups
 
 
 def _varint(value: int) -> bytes:
