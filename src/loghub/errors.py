@@ -17,7 +17,9 @@ into the same class.
     ├── DatabaseError                   the metadata or lease database failed or is unreachable
     ├── CoordinationError               coordination's own state (a 500 if one reaches a server)
     │   ├── LeaseLostError              this worker no longer holds a lease it used
-    │   └── IllegalTransition           a state machine was asked for a move it does not allow
+    │   ├── IllegalTransition           a state machine was asked for a move it does not allow
+    │   ├── ControlPlaneError           the cluster's control plane (etcd) failed or is unreachable
+    │   └── FencedError                 a write by a node that lost the role it was made in
     │
     │   The protocol's codes (server/ and client/ speak these):
     ├── RequestError                    the client's mistake (4xx); never retried by the SDK
@@ -77,11 +79,13 @@ __all__ = [
     "ConsumerGroupAlreadyExist",
     "ConsumerGroupNotExist",
     "ConsumerNotMatch",
+    "ControlPlaneError",
     "CoordinationError",
     "CorruptSegmentError",
     "DataCorrupted",
     "DatabaseError",
     "DiskFullError",
+    "FencedError",
     "IllegalTransition",
     "IndexConfigNotExist",
     "InvalidAccessKeyId",
@@ -346,6 +350,14 @@ class LeaseLostError(CoordinationError):
 
 
 class IllegalTransition(CoordinationError):
+    pass
+
+
+class ControlPlaneError(CoordinationError):
+    pass
+
+
+class FencedError(CoordinationError):
     pass
 
 

@@ -1,0 +1,1 @@
+"""The cluster: LogHub nodes on an etcd control plane (see docs/cluster.md)."""
