@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from loghub.cluster.etcd_store import EtcdStore, Fence
-from loghub.cluster.membership import NODES_PREFIX, ControllerRole, read_nodes
+from loghub.cluster.membership import DRAIN_PREFIX, NODES_PREFIX, ControllerRole, read_nodes
 from loghub.coordination.placement import NodeSlot, ShardRef, place
 from loghub.errors import ControlPlaneError, FencedError, LogHubError
 from loghub.metadata.models import Shard
@@ -163,9 +163,12 @@ class Controller:
             watcher.cancel()
 
     async def _watch_nodes(self) -> None:
+        await asyncio.gather(self._watch(NODES_PREFIX), self._watch(DRAIN_PREFIX))
+
+    async def _watch(self, prefix: str) -> None:
         while True:
             try:
-                async for _event in self.store.watch_prefix(NODES_PREFIX):
+                async for _event in self.store.watch_prefix(prefix):
                     self.wake()
             except ControlPlaneError:
                 await asyncio.sleep(0.2)

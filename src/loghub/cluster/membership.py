@@ -31,6 +31,7 @@ from loghub.errors import ControlPlaneError, CoordinationError
 
 __all__ = [
     "CONTROLLER_KEY",
+    "DRAIN_PREFIX",
     "NODES_PREFIX",
     "ControllerRole",
     "NodeInfo",
@@ -41,6 +42,10 @@ __all__ = [
 log = logging.getLogger("loghub.cluster")
 
 NODES_PREFIX = "/loghub/nodes/"
+# `loghub node drain N` writes DRAIN_PREFIX + N (no lease: a drain outlives restarts until
+# `loghub node undrain N` deletes it); the controller moves no shard to a draining node and
+# hands over every writable shard it has
+DRAIN_PREFIX = "/loghub/drain/"
 CONTROLLER_KEY = "/loghub/controller"
 
 
@@ -64,13 +69,16 @@ class NodeInfo:
 
 
 async def read_nodes(store: EtcdStore) -> dict[str, NodeInfo]:
-    """The registered nodes (the ones whose lease is alive), by id."""
-    return {
-        entry.key.removeprefix(NODES_PREFIX): NodeInfo.decode(
-            entry.key.removeprefix(NODES_PREFIX), entry.value
-        )
-        for entry in await store.get_prefix(NODES_PREFIX)
-    }
+    """The registered nodes (the ones whose lease is alive), by id, with their drain marks."""
+    draining = {e.key.removeprefix(DRAIN_PREFIX) for e in await store.get_prefix(DRAIN_PREFIX)}
+    nodes = {}
+    for entry in await store.get_prefix(NODES_PREFIX):
+        node_id = entry.key.removeprefix(NODES_PREFIX)
+        info = NodeInfo.decode(node_id, entry.value)
+        if node_id in draining and not info.draining:
+            info = NodeInfo(info.node_id, info.advertise, info.rack, draining=True)
+        nodes[node_id] = info
+    return nodes
 
 
 class NodeMembership:

@@ -165,6 +165,8 @@ class NodeAgent:
     # --- hand-overs ---------------------------------------------------------------------
 
     async def _act_on_placements(self) -> None:
+        if not self.alive:
+            return  # the cluster may have moved on without this node: it acts on nothing
         for (project, logstore), record in list(self.placements.items()):
             await self._record_ends(project, logstore, record)
             for shard_id, target in record.handover.items():
