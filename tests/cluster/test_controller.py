@@ -71,9 +71,6 @@ class MemoryLogs:
         self.sealed[shard_id] = 100 + shard_id
         return self.sealed[shard_id]
 
-    def has_log(self, project: str, logstore: str, shard_id: int) -> bool:
-        return True
-
 
 @pytest.fixture(scope="module")
 def etcd() -> Iterator[EtcdCluster]:

@@ -53,8 +53,6 @@ class LocalLogs(Protocol):
         """Seals the node's log of a shard for good; returns its end sequence."""
         ...
 
-    def has_log(self, project: str, logstore: str, shard_id: int) -> bool: ...
-
 
 class NodeAgent:
     def __init__(

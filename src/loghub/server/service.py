@@ -17,7 +17,7 @@ import shutil
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loghub._clock import Clock
 from loghub.errors import (
@@ -33,6 +33,9 @@ from loghub.errors import (
     ShardReadOnly,
 )
 from loghub.metadata import Logstore, LogstoreSpec, MetadataStore, Shard, parse_hash_key
+
+if TYPE_CHECKING:  # the etcd client loads only in cluster mode
+    from loghub.cluster.etcd_metadata import EtcdMetadataStore
 from loghub.server.autosplit import AutoSplitMonitor
 from loghub.server.config import ServerConfig
 from loghub.server.groups import GroupService
@@ -93,7 +96,13 @@ class LogHubService:
             open_files_max,
         )
         self.metrics = ServerMetrics()
-        self.metadata = MetadataStore.open(config.metadata_url(), clock)
+        self.metadata: MetadataStore | EtcdMetadataStore
+        if config.cluster is None:
+            self.metadata = MetadataStore.open(config.metadata_url(), clock)
+        else:
+            from loghub.cluster.etcd_metadata import EtcdMetadataStore
+
+            self.metadata = EtcdMetadataStore.open(config.cluster.url, clock)
         self.storage = ShardStore(
             config.data_dir / "shards",
             StorageConfig(
@@ -466,6 +475,14 @@ class LogHubService:
                     store.storage_key, shard_ids, now_ms, store.ttl_days * _DAY_MS
                 )
         return deleted
+
+    # -- the cluster's view of this node's logs (``loghub.cluster.node.LocalLogs``) ----------
+
+    def seal_log(self, project: str, logstore: str, shard_id: int) -> int:
+        """Seals this node's log of a shard for good (a hand-over, or a shard succeeded
+        while this node was away); returns its end."""
+        store = self.metadata.get_logstore(project, logstore)
+        return self.storage.shard(store.storage_key, shard_id).seal()
 
 
 class _Sealer:
