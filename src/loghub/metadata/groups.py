@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import sqlalchemy as sa
@@ -117,7 +117,7 @@ def validate_checkpoint(checkpoint: Checkpoint) -> None:
         raise ParameterInvalid("checkpoint or consumer name too long")
 
 
-def group_count(groups: Mapping[GroupKey, ConsumerGroupDef], project: str, logstore: str) -> int:
+def group_count(groups: Iterable[GroupKey], project: str, logstore: str) -> int:
     """How many groups a logstore has: what ``consumer_groups_per_logstore_max`` bounds."""
     return sum(1 for p, ls, _ in groups if (p, ls) == (project, logstore))
 
