@@ -114,6 +114,9 @@ conflict_retries_max = 32
 # How long a write waits for the watch to deliver its own revision before re-reading.
 _watch_catch_up_s = 2.0
 
+# How long closing waits for the client to close, then for its tasks to end.
+_close_step_s = 2.0
+
 _T = TypeVar("_T")
 GroupKey = tuple[str, str, str]
 
@@ -187,9 +190,11 @@ class EtcdMetadataStore:
         return cls(url, clock, prefix)
 
     def close(self) -> None:
-        self._watcher.cancel()
+        """Stops the watch, the etcd client and the loop; a second call does nothing."""
+        if not self._thread.is_alive():
+            return
         try:
-            self._call(self._etcd.close())
+            self._call(self._shutdown())
         finally:
             self._stop_loop()
 
@@ -488,12 +493,25 @@ class EtcdMetadataStore:
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     # -- on the loop ------------------------------------------------------------------------
 
     async def _connect(self, url: str, call_timeout_s: float, retry_budget_s: float) -> EtcdStore:
         store = EtcdStore(url, call_timeout_s, retry_budget_s)
         return await store.__aenter__()
+
+    async def _shutdown(self) -> None:
+        """Ends every task of the loop (the watch, the client's own) and the connection,
+        each within a bound: closing must not hang on a member that stopped answering."""
+        self._watcher.cancel()
+        current = asyncio.current_task()
+        for step in (self._etcd.close, lambda: _cancel_all(current)):
+            try:
+                await asyncio.wait_for(step(), _close_step_s)
+            except (TimeoutError, ControlPlaneError) as exc:
+                log.warning("closing the metadata store: %r", exc)
 
     async def _commit(self, change: _Change[Any]) -> int | None:
         for op in change.ops:
@@ -725,6 +743,15 @@ class EtcdConsumerGroupCatalog:
         if group is None:
             raise ConsumerGroupNotExist(f"consumer group {name} does not exist")
         return group
+
+
+async def _cancel_all(caller: asyncio.Task[Any] | None) -> None:
+    """Cancels every task of the loop but the caller and this one, and waits for them."""
+    spared = {caller, asyncio.current_task()}
+    tasks = [t for t in asyncio.all_tasks() if t not in spared]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _set(target: dict[Any, Any], key: Any, deleted: bool, value: Callable[[], Any]) -> None:
