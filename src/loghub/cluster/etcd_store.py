@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -35,6 +36,7 @@ from urllib.parse import urlsplit
 
 import aetcd  # type: ignore[import-untyped]
 import aetcd.exceptions  # type: ignore[import-untyped]
+import aetcd.rpc  # type: ignore[import-untyped]
 import aetcd.utils  # type: ignore[import-untyped]
 
 from loghub.errors import ControlPlaneError, FencedError
@@ -53,6 +55,11 @@ __all__ = [
 
 # etcd's default --max-txn-ops: a transaction with more operations is refused whole.
 txn_ops_max = 128
+# Keys per read when a whole prefix is read (a page is one RangeRequest at a fixed revision),
+# and the largest reply accepted (gRPC's default, 4 MiB, is less than 64 records of 1 MiB and
+# less than the deletion events of a big cascade): pages keep any prefix readable.
+read_page_keys = 64
+reply_bytes_max = 96 * 1024 * 1024
 
 log = logging.getLogger("loghub.cluster")
 
@@ -170,6 +177,7 @@ class EtcdStore:
                 "grpc.max_reconnect_backoff_ms": 1000,
                 "grpc.keepalive_time_ms": 2000,
                 "grpc.keepalive_timeout_ms": 1000,
+                "grpc.max_receive_message_length": reply_bytes_max,
             },
         )
 
@@ -214,11 +222,35 @@ class EtcdStore:
 
     async def read_prefix(self, prefix: str) -> tuple[list[Entry], int]:
         """Every entry under ``prefix`` and the store's revision they were read at: a watch
-        from that revision + 1 misses nothing and repeats nothing."""
-        result = await self._retrying(
-            "get_prefix", lambda: self._client.get_prefix(prefix.encode())
+        from that revision + 1 misses nothing and repeats nothing. Read in pages of
+        ``read_page_keys``, every page at the first page's revision (one consistent view)."""
+        start = prefix.encode()
+        range_end = aetcd.utils.prefix_range_end(start)
+        entries: list[Entry] = []
+        revision = 0
+        while True:
+            reply = await self._retrying(
+                "read_prefix",
+                functools.partial(self._range_page, start, range_end, revision),
+            )
+            revision = revision or int(reply.header.revision)
+            entries.extend(_entry(kv) for kv in reply.kvs)
+            if not reply.more:
+                return entries, revision
+            start = bytes(reply.kvs[-1].key) + b"\0"
+
+    async def _range_page(self, start: bytes, range_end: bytes, revision: int) -> Any:
+        # aetcd's get_prefix sends neither a limit nor a revision: the request is built here.
+        request = aetcd.rpc.RangeRequest(
+            key=start, range_end=range_end, limit=read_page_keys, revision=revision
         )
-        return [_entry(kv) for kv in result], int(result.header.revision)
+        await self._client.connect()
+        try:
+            return await self._client.kvstub.Range(
+                request, timeout=self._call_timeout_s, metadata=self._client.metadata
+            )
+        except aetcd.rpc.AioRpcError as exc:
+            aetcd.exceptions._handle_exception(exc)  # raises the client's own error for it
 
     # --- leases -----------------------------------------------------------------------
 
