@@ -11,6 +11,7 @@ no longer holds; and a store whose watch broke (its member restarted) catches up
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 import uuid
@@ -24,6 +25,7 @@ from loghub.cluster.etcd_metadata import EtcdMetadataStore
 from loghub.cluster.etcd_store import EtcdStore, Fence, read_page_keys
 from loghub.errors import (
     ConsumerGroupNotExist,
+    ControlPlaneError,
     FencedError,
     LogHubError,
     LogStoreAlreadyExist,
@@ -256,6 +258,19 @@ def test_a_node_started_later_loads_a_catalogue_larger_than_one_read_page(
         assert late.list_shards(names[-1], "events") == a.list_shards(names[-1], "events")
     finally:
         late.close()
+
+
+def test_opening_on_an_etcd_that_does_not_answer_is_a_control_plane_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: nothing answers there
+        start = time.monotonic()
+        with pytest.raises(ControlPlaneError):
+            EtcdMetadataStore(
+                f"etcd://127.0.0.1:{port}", FakeClock(), call_timeout_s=0.2, retry_budget_s=0.5
+            )
+    assert time.monotonic() - start < 5
+    assert "loghub-etcd-metadata" not in {t.name for t in threading.enumerate()}
 
 
 def _run(etcd: EtcdCluster, call: Callable[[EtcdStore], Any]) -> Any:

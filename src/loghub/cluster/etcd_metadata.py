@@ -60,6 +60,7 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable, Coroutine, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Generic, TypeVar, cast
 
@@ -102,7 +103,13 @@ from loghub.metadata.groups import (
 from loghub.metadata.hashing import even_ranges
 from loghub.metadata.models import ShardStatus
 
-__all__ = ["DEFAULT_PREFIX", "EtcdConsumerGroupCatalog", "EtcdMetadataStore", "value_bytes_max"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "EtcdConsumerGroupCatalog",
+    "EtcdMetadataStore",
+    "conflict_retries_max",
+    "value_bytes_max",
+]
 
 log = logging.getLogger("loghub.cluster")
 
@@ -175,11 +182,13 @@ class EtcdMetadataStore:
             target=self._loop.run_forever, name="loghub-etcd-metadata", daemon=True
         )
         self._thread.start()
+        self._etcd = EtcdStore(url, call_timeout_s, retry_budget_s)
+        self._watcher: Future[None] | None = None
         try:
-            self._etcd: EtcdStore = self._call(self._connect(url, call_timeout_s, retry_budget_s))
+            self._call(self._etcd.__aenter__())
             self._call(self._reload())
         except BaseException:
-            self._stop_loop()
+            self.close()
             raise
         self._watcher = asyncio.run_coroutine_threadsafe(self._watch_forever(), self._loop)
         self._catalog = EtcdConsumerGroupCatalog(self)
@@ -498,14 +507,11 @@ class EtcdMetadataStore:
 
     # -- on the loop ------------------------------------------------------------------------
 
-    async def _connect(self, url: str, call_timeout_s: float, retry_budget_s: float) -> EtcdStore:
-        store = EtcdStore(url, call_timeout_s, retry_budget_s)
-        return await store.__aenter__()
-
     async def _shutdown(self) -> None:
         """Ends every task of the loop (the watch, the client's own) and the connection,
         each within a bound: closing must not hang on a member that stopped answering."""
-        self._watcher.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
         current = asyncio.current_task()
         for step in (self._etcd.close, lambda: _cancel_all(current)):
             try:
