@@ -18,11 +18,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import aetcd.exceptions  # type: ignore[import-untyped]
 import pytest
 from etcd import EtcdCluster, running_etcd
 
 from loghub.cluster.etcd_metadata import EtcdMetadataStore
-from loghub.cluster.etcd_store import EtcdStore, Fence, read_page_keys
+from loghub.cluster.etcd_store import Compare, Delete, EtcdStore, Fence, Put, read_page_keys
 from loghub.errors import (
     ConsumerGroupNotExist,
     ControlPlaneError,
@@ -258,6 +259,40 @@ def test_a_node_started_later_loads_a_catalogue_larger_than_one_read_page(
         assert late.list_shards(names[-1], "events") == a.list_shards(names[-1], "events")
     finally:
         late.close()
+
+
+def test_a_transaction_whose_reply_was_lost_is_recognised_by_its_values(
+    etcd: EtcdCluster,
+) -> None:
+    key = f"/loghub-test/{uuid.uuid4().hex[:12]}/lost"
+
+    async def scenario() -> tuple[int | None, int | None]:
+        async with EtcdStore(etcd.url) as store:
+            real = store._client.transaction
+            lost = {"replies": 2, "requests": 0}
+
+            async def flaky(*args: Any, **kwargs: Any) -> Any:
+                if lost["requests"] > 0:
+                    lost["requests"] -= 1
+                    raise aetcd.exceptions.ConnectionFailedError("request lost")
+                reply = await real(*args, **kwargs)
+                if lost["replies"] > 0 and reply[0]:
+                    lost["replies"] -= 1
+                    raise aetcd.exceptions.ConnectionFailedError("reply lost")
+                return reply
+
+            store._client.transaction = flaky
+            create = [Compare(key, "create", "==", 0)]
+            ours = await store.transact(create, [Put(key, b"ours")])
+            assert await store.transact([], [Delete(key)]) is not None  # retried, no condition
+            await store.put(key, b"theirs")
+            lost["requests"] = 1  # retried, then refused: the key holds another's value
+            refused = await store.transact(create, [Put(key, b"ours")])
+            return ours, refused
+
+    ours, refused = asyncio.run(scenario())
+    assert ours is not None, "applied, reply lost, retry refused: still ours"
+    assert refused is None, "the key holds another writer's value: not ours"
 
 
 def test_opening_on_an_etcd_that_does_not_answer_is_a_control_plane_error() -> None:
