@@ -550,7 +550,12 @@ class EtcdMetadataStore:
             self._waiters = [(r, w) for r, w in self._waiters if w is not waiter]
 
     async def _reload(self) -> None:
+        """Replaces the cache with a fresh read, unless the cache moved past that read while
+        it was under way (two reloads can overlap: the watch's, and a write's that gave up
+        waiting for the watch); the watch's later events are applied on top as usual."""
         entries, revision = await self._etcd.read_prefix(self._prefix)
+        if revision < self._applied_revision:
+            return
         sections: dict[str, dict[Any, Any]] = {name: {} for name in _SECTIONS}
         for entry in entries:
             section = entry.key[len(self._prefix) :].split("/", 1)[0]
