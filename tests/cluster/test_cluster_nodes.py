@@ -44,7 +44,9 @@ def sdk(node: ServerProcess) -> Iterator[LogClient]:
                 os.environ[key] = value
 
 
-def put(client: LogClient, logstore: str, tag: str, count: int, hash_key: str | None = None) -> None:
+def put(
+    client: LogClient, logstore: str, tag: str, count: int, hash_key: str | None = None
+) -> None:
     items = []
     for i in range(count):
         item = LogItem()

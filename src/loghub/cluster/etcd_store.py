@@ -26,19 +26,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import aetcd  # type: ignore[import-untyped]
 import aetcd.exceptions  # type: ignore[import-untyped]
+import aetcd.rpc  # type: ignore[import-untyped]
+import aetcd.utils  # type: ignore[import-untyped]
 
 from loghub.errors import ControlPlaneError, FencedError
 
-__all__ = ["Entry", "EtcdStore", "Fence", "Lease", "parse_endpoints"]
+__all__ = [
+    "Compare",
+    "Delete",
+    "Entry",
+    "EtcdStore",
+    "Fence",
+    "Lease",
+    "Put",
+    "parse_endpoints",
+    "txn_ops_max",
+]
+
+# etcd's default --max-txn-ops: a transaction with more operations is refused whole.
+txn_ops_max = 128
+# Keys per read when a whole prefix is read (a page is one RangeRequest at a fixed revision),
+# and the largest reply accepted (gRPC's default, 4 MiB, is less than 64 records of 1 MiB and
+# less than the deletion events of a big cascade): pages keep any prefix readable.
+read_page_keys = 64
+reply_bytes_max = 96 * 1024 * 1024
 
 log = logging.getLogger("loghub.cluster")
 
@@ -105,6 +126,34 @@ class Fence:
     create_revision: int
 
 
+@dataclass(frozen=True)
+class Compare:
+    """A condition of a transaction: the ``target`` revision ("mod": last change, "create":
+    creation; 0 for a key that does not exist) of ``key`` is ``==`` or ``<`` ``revision``.
+    With ``prefix``, every key under ``key`` must pass (and an empty range passes): "no key
+    under the prefix changed after revision r" is ``Compare(p, "mod", "<", r + 1, True)``."""
+
+    key: str
+    target: Literal["mod", "create"]
+    op: Literal["==", "<"]
+    revision: int
+    prefix: bool = False
+
+
+@dataclass(frozen=True)
+class Put:
+    key: str
+    value: bytes
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Deletes ``key``, or with ``prefix`` every key under it (one operation either way)."""
+
+    key: str
+    prefix: bool = False
+
+
 class EtcdStore:
     """An open connection to the control plane. Use ``async with EtcdStore(url) as store``."""
 
@@ -128,6 +177,7 @@ class EtcdStore:
                 "grpc.max_reconnect_backoff_ms": 1000,
                 "grpc.keepalive_time_ms": 2000,
                 "grpc.keepalive_timeout_ms": 1000,
+                "grpc.max_receive_message_length": reply_bytes_max,
             },
         )
 
@@ -169,6 +219,38 @@ class EtcdStore:
             "get_prefix", lambda: self._client.get_prefix(prefix.encode())
         )
         return [_entry(kv) for kv in result]
+
+    async def read_prefix(self, prefix: str) -> tuple[list[Entry], int]:
+        """Every entry under ``prefix`` and the store's revision they were read at: a watch
+        from that revision + 1 misses nothing and repeats nothing. Read in pages of
+        ``read_page_keys``, every page at the first page's revision (one consistent view)."""
+        start = prefix.encode()
+        range_end = aetcd.utils.prefix_range_end(start)
+        entries: list[Entry] = []
+        revision = 0
+        while True:
+            reply = await self._retrying(
+                "read_prefix",
+                functools.partial(self._range_page, start, range_end, revision),
+            )
+            revision = revision or int(reply.header.revision)
+            entries.extend(_entry(kv) for kv in reply.kvs)
+            if not reply.more:
+                return entries, revision
+            start = bytes(reply.kvs[-1].key) + b"\0"
+
+    async def _range_page(self, start: bytes, range_end: bytes, revision: int) -> Any:
+        # aetcd's get_prefix sends neither a limit nor a revision: the request is built here.
+        request = aetcd.rpc.RangeRequest(
+            key=start, range_end=range_end, limit=read_page_keys, revision=revision
+        )
+        await self._client.connect()
+        try:
+            return await self._client.kvstub.Range(
+                request, timeout=self._call_timeout_s, metadata=self._client.metadata
+            )
+        except aetcd.rpc.AioRpcError as exc:
+            aetcd.exceptions._handle_exception(exc)  # raises the client's own error for it
 
     # --- leases -----------------------------------------------------------------------
 
@@ -244,6 +326,50 @@ class EtcdStore:
             raise FencedError(f"{fence.key if fence else key}: fence no longer holds")
         return True
 
+    async def transact(self, compare: Sequence[Compare], ops: Sequence[Put | Delete]) -> int | None:
+        """Applies every one of ``ops`` if every condition in ``compare`` holds, atomically;
+        the revision of the change, or None when a condition failed.
+
+        A try whose reply was lost may have been applied: when a retried transaction fails
+        its conditions, the puts are read back, and a write whose every put holds the value
+        written (and whose deleted keys are gone) was ours. Callers make that exact by
+        writing values no other writer would (a random token in each)."""
+        assert 0 < len(ops) <= txn_ops_max and len(compare) + len(ops) <= txn_ops_max, ops
+        txn = self._client.transactions
+        conditions = [_condition(txn, c) for c in compare]
+        requests = [_operation(txn, op) for op in ops]
+        tries = 0
+
+        async def attempt() -> tuple[bool, Any]:
+            nonlocal tries
+            tries += 1
+            return await self._client.transaction(  # type: ignore[no-any-return]
+                compare=conditions, success=requests, failure=[]
+            )
+
+        succeeded, responses = await self._retrying("transaction", attempt)
+        if succeeded:
+            first = responses[0]
+            return int(getattr(first, first.WhichOneof("response")).header.revision)
+        if tries > 1:
+            return await self._applied_revision(ops)
+        return None
+
+    async def _applied_revision(self, ops: Sequence[Put | Delete]) -> int | None:
+        """The revision of ``ops`` if the store shows them applied (see ``transact``)."""
+        revision = 0
+        for op in ops:
+            if isinstance(op, Put):
+                entry = await self.get(op.key)
+                if entry is None or entry.value != op.value:
+                    return None
+                revision = max(revision, entry.mod_revision)
+            elif not op.prefix and await self.get(op.key) is not None:
+                return None
+        if revision == 0:  # deletes only: they hold, whoever made them
+            _, revision = await self.read_prefix(ops[0].key)
+        return revision
+
     async def _txn(self, what: str, compare: list[Any], success: list[Any]) -> tuple[bool, Any]:
         """One transaction, tried once per member while the connection fails. A transaction
         whose reply was lost may have been applied: callers check by reading back."""
@@ -266,6 +392,25 @@ class EtcdStore:
                 yield str(event.kind), event.kv.key.decode(), _entry(event.kv)
         except (aetcd.exceptions.ClientError, *_TRANSIENT) as exc:
             raise ControlPlaneError(f"etcd watch of {prefix} broke: {exc!r}") from exc
+
+
+def _condition(txn: Any, compare: Compare) -> Any:
+    key = compare.key.encode()
+    range_end = aetcd.utils.prefix_range_end(key) if compare.prefix else None
+    target = txn.mod if compare.target == "mod" else txn.create
+    condition = target(key, range_end=range_end) if range_end else target(key)
+    if compare.op == "==":
+        return condition == compare.revision
+    return condition < compare.revision
+
+
+def _operation(txn: Any, op: Put | Delete) -> Any:
+    key = op.key.encode()
+    if isinstance(op, Put):
+        return txn.put(key, op.value)
+    if op.prefix:
+        return txn.delete(key, range_end=aetcd.utils.prefix_range_end(key))
+    return txn.delete(key)
 
 
 def _entry(kv: Any) -> Entry:
