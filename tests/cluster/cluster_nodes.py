@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 from etcd import EtcdCluster, running_etcd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
@@ -62,8 +61,9 @@ class LogHubCluster:
 
         return asyncio.run(cluster_status(self.etcd.url))
 
-    def wait_placed(self, timeout_s: float = 30.0) -> None:
-        """Until every live node is registered and no shard waits for a node or a move."""
+    def wait_placed(self, shards: int = 0, timeout_s: float = 30.0) -> None:
+        """Until every live node is registered, at least ``shards`` shards are placed, and no
+        shard waits for a node or a move."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             status = self.status()
@@ -73,6 +73,7 @@ class LogHubCluster:
                 and not status["unavailable_shards"]
                 and not status["handovers"]
                 and status["controller"]
+                and sum(n["shards"] for n in status["nodes"]) >= shards  # type: ignore[attr-defined]
             ):
                 return
             time.sleep(0.1)
@@ -92,10 +93,3 @@ def running_cluster(
         finally:
             for node in cluster.nodes:
                 node.kill()
-
-
-def health(node: ServerProcess) -> bool:
-    with contextlib.suppress(httpx.HTTPError):
-        with httpx.Client(trust_env=False, timeout=1) as http:
-            return http.get(f"http://{node.endpoint}/health").status_code == 200
-    return False

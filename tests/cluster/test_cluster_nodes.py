@@ -77,7 +77,7 @@ def test_any_node_serves_any_shard_with_the_official_sdk(cluster: LogHubCluster)
     with sdk(first) as client:
         client.create_project(PROJECT, "a clustered project")
         client.create_logstore(PROJECT, "spread", shard_count=6)
-    cluster.wait_placed()
+    cluster.wait_placed(shards=6)
     status = cluster.status()
     assert sorted(n["shards"] for n in status["nodes"]) == [2, 2, 2]  # type: ignore[index]
     for index, node in enumerate(cluster.nodes):
@@ -98,7 +98,7 @@ def test_any_node_serves_any_shard_with_the_official_sdk(cluster: LogHubCluster)
 def test_a_killed_node_has_its_shards_succeeded_and_writes_go_on(cluster: LogHubCluster) -> None:
     with sdk(cluster.nodes[0]) as client:
         client.create_logstore(PROJECT, "failover", shard_count=3)
-    cluster.wait_placed()
+    cluster.wait_placed(shards=6 + 3)
     status = cluster.status()
     controller = status["controller"]
     victim_index = next(i for i in range(3) if f"n{i}" != controller)
@@ -148,7 +148,7 @@ def test_node_kill_failover_times_over_twenty_trials(tmp_path: Path) -> None:
             client.create_project(PROJECT, "")
             client.create_logstore(PROJECT, "trials", shard_count=6)
         for _trial in range(20):
-            cluster.wait_placed()
+            cluster.wait_placed(shards=6)
             controller = cluster.status()["controller"]
             index = next(i for i in range(3) if f"n{i}" != controller)
             cluster.nodes[index].kill()

@@ -434,10 +434,8 @@ class EtcdMetadataStore:
         def plan() -> _Change[None]:
             cached = self._versioned_entry(project, logstore)
             shard = cached.value.shard(shard_id)
-            if shard.end_seq is not None:  # another node's record came first: keep it
-                end = shard.end_seq
-            else:
-                end = end_seq
+            # another node's record may have come first: keep it
+            end = shard.end_seq if shard.end_seq is not None else end_seq
             entry = CachedLogstore.build(
                 cached.value.logstore,
                 reshard(cached.value, [replace(shard, end_seq=end)], []),

@@ -173,6 +173,8 @@ class EtcdStore:
             timeout=call_timeout_s,
             options={
                 "grpc.lb_policy_name": "round_robin",
+                # straight to the members: never through an HTTP proxy from the environment
+                "grpc.enable_http_proxy": 0,
                 "grpc.initial_reconnect_backoff_ms": 100,
                 "grpc.max_reconnect_backoff_ms": 1000,
                 "grpc.keepalive_time_ms": 2000,
