@@ -55,6 +55,7 @@ __all__ = [
 log = logging.getLogger("loghub.cluster")
 
 PLACEMENT_PREFIX = "/loghub/placement/"
+LOGSTORES_PREFIX = "/loghub/meta/logstores/"  # the etcd metadata store's logstore records
 
 
 def placement_key(project: str, logstore: str) -> str:
@@ -163,7 +164,13 @@ class Controller:
             watcher.cancel()
 
     async def _watch_nodes(self) -> None:
-        await asyncio.gather(self._watch(NODES_PREFIX), self._watch(DRAIN_PREFIX))
+        """Wakes a round on a node's join, leave or drain, and on any change of a logstore
+        (created, split, merged: new shards to place at once)."""
+        await asyncio.gather(
+            self._watch(NODES_PREFIX),
+            self._watch(DRAIN_PREFIX),
+            self._watch(LOGSTORES_PREFIX),
+        )
 
     async def _watch(self, prefix: str) -> None:
         while True:

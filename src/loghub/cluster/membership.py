@@ -139,10 +139,11 @@ class NodeMembership:
             sent = self._monotonic()
             try:
                 ttl = await self.store.refresh_lease(self.lease)
-            except ControlPlaneError as exc:
-                log.warning("node %s: lease refresh failed: %s", self.info.node_id, exc)
+            except Exception as exc:  # whatever the client raises, the loop goes on
+                log.warning("node %s: lease refresh failed: %r", self.info.node_id, exc)
                 if not self.alive:
                     self.lost.set()
+                    return
                 continue
             if ttl <= 0:
                 log.error("node %s: its lease expired; leaving the cluster", self.info.node_id)

@@ -67,9 +67,12 @@ class NodeAgent:
         self.store = store
         self.catalog = catalog
         self.local = local
+        self.ttl_s = ttl_s
+        self.round_interval_s = round_interval_s
         self.membership = NodeMembership(store, info, ttl_s=ttl_s)
         self.role = ControllerRole(self.membership)
         self.controller = Controller(store, self.role, catalog, round_interval_s)
+        self._stopping = False
         self.nodes: dict[str, NodeInfo] = {}
         self.placements: dict[tuple[str, str], PlacementRecord] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -96,10 +99,12 @@ class NodeAgent:
             asyncio.create_task(self._watch(NODES_PREFIX, self._reload_nodes)),
             asyncio.create_task(self._watch(PLACEMENT_PREFIX, self._reload_placements)),
             asyncio.create_task(self._run_controller()),
+            asyncio.create_task(self._stay_member()),
         ]
         await self._act_on_placements()
 
     async def stop(self) -> None:
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -153,12 +158,36 @@ class NodeAgent:
         await self._act_on_placements()
 
     async def _run_controller(self) -> None:
-        while not self.membership.lost.is_set():
-            try:
-                await self.controller.run()
-            except (ControlPlaneError, LogHubError) as exc:
-                log.warning("controller stopped: %s", exc)
+        while True:
+            if not self.membership.lost.is_set():
+                try:
+                    await self.controller.run()
+                except (ControlPlaneError, LogHubError) as exc:
+                    log.warning("controller stopped: %s", exc)
             await asyncio.sleep(0.5)
+
+    async def _stay_member(self) -> None:
+        """A node whose lease ended while it ran (a pause, a cut to etcd) joins again with a
+        new lease, as a node that returns: the cluster succeeded its writable shards
+        meanwhile, and it seals those logs and records their ends."""
+        while True:
+            await self.membership.lost.wait()
+            if self._stopping:
+                return
+            log.error("node %s: lost its lease; joining the cluster again", self.node_id)
+            while True:
+                membership = NodeMembership(self.store, self.membership.info, ttl_s=self.ttl_s)
+                try:
+                    await membership.start()
+                    break
+                except (ControlPlaneError, LogHubError) as exc:
+                    log.warning("node %s: joining again failed: %s", self.node_id, exc)
+                    await asyncio.sleep(self.ttl_s / 3)
+            self.membership = membership
+            self.role = ControllerRole(membership)
+            self.controller = Controller(self.store, self.role, self.catalog,
+                                         self.round_interval_s)  # fmt: skip
+            await self._act_on_placements()
 
     # --- hand-overs ---------------------------------------------------------------------
 

@@ -261,7 +261,9 @@ class LogHubApp:
                 self.service.metadata,
                 self.service,
                 cluster.node_ttl_s,
+                self.config.keys,
             )
+            self.service.remote_logs = self._cluster
         self._lb_turn = itertools.count()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -716,6 +718,13 @@ class LogHubApp:
             )
         elif action == "merge":
             shards = await self._blocking(self.service.merge_shard, project, logstore, shard_id)
+        elif action in ("seal", "unseal") and self._cluster is not None:
+            # a node merging this node's shard with its own seals this log first
+            if action == "seal":
+                end_seq = await self._blocking(self.service.seal_log, project, logstore, shard_id)
+                return _json({"endSeq": end_seq}, call.request_id)
+            await self._blocking(self.service.unseal_log, project, logstore, shard_id)
+            return _json({}, call.request_id)
         else:
             raise ParameterInvalid(f"action must be split or merge, not {action!r}")
         return _json([self.service.shard_json(s) for s in shards], call.request_id)

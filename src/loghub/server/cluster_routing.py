@@ -15,7 +15,11 @@ logstore, so they cost no hop.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import time
+from collections.abc import Mapping
 
 import httpx
 from starlette.responses import Response
@@ -23,7 +27,8 @@ from starlette.responses import Response
 from loghub.cluster.etcd_store import EtcdStore
 from loghub.cluster.membership import NodeInfo
 from loghub.cluster.node import LocalLogs, NodeAgent
-from loghub.errors import ServerBusy
+from loghub.errors import LogHubError, ServerBusy, error_class_for_code
+from loghub.wire.signing import Credentials, sign_v1
 
 __all__ = ["FORWARDED_HEADER", "ClusterRouting"]
 
@@ -48,8 +53,11 @@ class ClusterRouting:
         catalog: object,
         local: LocalLogs,
         ttl_s: int,
+        keys: Mapping[str, str] | None = None,
         forward_timeout_s: float = 60.0,
     ) -> None:
+        # the key the node signs its own calls to other nodes with (a merge's remote seal)
+        self._credentials = Credentials(*next(iter(sorted(keys.items())))) if keys else None
         self._url = url
         self._info = info
         self._catalog = catalog
@@ -61,6 +69,7 @@ class ClusterRouting:
         self._client: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self.store = EtcdStore(self._url)
         await self.store.__aenter__()
         self.agent = NodeAgent(
@@ -171,3 +180,47 @@ class ClusterRouting:
         }
         returned.setdefault("x-log-requestid", request_id)
         return Response(reply.content, status_code=reply.status_code, headers=returned)
+
+    # --- shard logs on other nodes (``service.RemoteLogs``; called from storage threads) ---
+
+    def is_local(self, project: str, logstore: str, shard_id: int) -> bool:
+        assert self.agent is not None
+        return self.agent.owner_id(project, logstore, shard_id) in (None, self.node_id)
+
+    def seal(self, project: str, logstore: str, shard_id: int) -> int:
+        return self._remote_action(project, logstore, shard_id, "seal")
+
+    def unseal(self, project: str, logstore: str, shard_id: int) -> None:
+        self._remote_action(project, logstore, shard_id, "unseal")
+
+    def _remote_action(self, project: str, logstore: str, shard_id: int, action: str) -> int:
+        node = self.shard_node(project, logstore, shard_id)
+        assert node is not None, "a local shard is sealed here"
+        call = self._signed_action(node, project, logstore, shard_id, action)
+        return asyncio.run_coroutine_threadsafe(call, self._loop).result(self._forward_timeout_s)
+
+    async def _signed_action(
+        self, node: NodeInfo, project: str, logstore: str, shard_id: int, action: str
+    ) -> int:
+        assert self._client is not None
+        path = f"/logstores/{logstore}/shards/{shard_id}"
+        headers = {
+            "host": f"{project}.{node.advertise}",
+            "x-log-apiversion": "0.6.0",
+            "x-log-bodyrawsize": "0",
+            FORWARDED_HEADER: self.node_id,
+        }
+        if self._credentials is not None:
+            sign_v1("POST", path, [("action", action)], headers, b"", self._credentials,
+                    time.time())  # fmt: skip
+        try:
+            reply = await self._client.post(
+                f"http://{node.advertise}{path}?action={action}", headers=headers
+            )
+        except httpx.HTTPError as exc:
+            raise ServerBusy(f"node {node.node_id} did not answer a {action}; try again") from exc
+        body = json.loads(reply.content or b"{}")
+        if reply.status_code != 200:
+            error = error_class_for_code(str(body.get("errorCode", ""))) or LogHubError
+            raise error(f"node {node.node_id}: {body.get('errorMessage', reply.status_code)}")
+        return int(body.get("endSeq", 0))
