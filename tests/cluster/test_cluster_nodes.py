@@ -9,8 +9,8 @@ import contextlib
 import os
 import signal
 import statistics
-from collections import Counter
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from loghub.cluster.etcd_store import Entry, EtcdStore, Fence, Lease
-from loghub.errors import ControlPlaneError, CoordinationError
+from loghub.errors import CoordinationError
 
 __all__ = [
     "CONTROLLER_KEY",
