@@ -26,6 +26,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
+from rich.table import Table
 from rich.tree import Tree
 
 from loghub._retry import RetryPolicy
@@ -61,7 +62,7 @@ from loghub.errors import (
 )
 from loghub.metadata.hashing import md5_hash_key, parse_hash_key
 from loghub.pipelines.cli import pipeline_app
-from loghub.server.config import Limits, ServerConfig, load_config_file
+from loghub.server.config import ClusterConfig, Limits, ServerConfig, load_config_file
 from loghub.server.quotas import ShardQuota, rate_per_s_max
 from loghub.wire.proto import Log, LogGroup
 
@@ -81,6 +82,13 @@ app.add_typer(logstore_app, name="logstore")
 app.add_typer(shard_app, name="shard")
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(group_app, name="group")
+cluster_app = typer.Typer(no_args_is_help=True, help="A cluster of nodes on etcd.")
+node_app = typer.Typer(no_args_is_help=True, help="Drain a node of a cluster, or undo that.")
+app.add_typer(cluster_app, name="cluster")
+app.add_typer(node_app, name="node")
+ClusterUrl = Annotated[
+    str, typer.Option("--cluster", help="the cluster's etcd: etcd://h1:2379,h2:2379,h3:2379")
+]
 logstore_app.command("describe")(logstore_describe)
 app.command()(consume)
 
@@ -268,8 +276,22 @@ def serve(
         float | None,
         typer.Option(help=_limit_help("wait for room, then 503", "inflight_wait_s")),
     ] = None,
+    # -- cluster -------------------------------------------------------------------------------
+    cluster: Annotated[
+        str | None,
+        typer.Option(help="run as a node of a cluster: etcd://h1:2379,h2:2379,h3:2379"),
+    ] = None,
+    node_id: Annotated[str | None, typer.Option(help="this node's id in the cluster")] = None,
+    rack: Annotated[str, typer.Option(help="this node's rack (shards spread over racks)")] = "",
+    advertise: Annotated[
+        str | None,
+        typer.Option(help="host:port other nodes reach this one at (default: --host:--port)"),
+    ] = None,
+    node_ttl_s: Annotated[
+        int, typer.Option(help="seconds without contact after which a node is gone", min=1)
+    ] = 3,
 ) -> None:
-    """Run a LogHub server."""
+    """Run a LogHub server (alone, or as a node of a cluster with --cluster)."""
     from loghub.server import ServerConfig, load_key_grants, load_keys
     from loghub.server import serve as run_server
 
@@ -311,6 +333,7 @@ def serve(
             shard_write_bytes_per_s, shard_write_requests_per_s, shard_read_bytes_per_s
         ),
         limits=Limits(**given_limits),
+        cluster=_cluster_config(cluster, node_id, advertise or f"{host}:{port}", rack, node_ttl_s),
     )
     front_ends = _kafka_front_end(server_config)
     if front_ends:
@@ -334,6 +357,24 @@ def _kafka_front_end(config: ServerConfig) -> list[Any]:
         return start_listener(service, sock, config).stop
 
     return [start]
+
+
+def _cluster_config(
+    url: str | None, node_id: str | None, advertise: str, rack: str, node_ttl_s: int
+) -> ClusterConfig | None:
+    if url is None:
+        if node_id is not None or rack:
+            raise typer.BadParameter("--node-id and --rack need --cluster")
+        return None
+    if not node_id:
+        raise typer.BadParameter("--cluster needs --node-id")
+    try:
+        from loghub.cluster.etcd_store import parse_endpoints
+
+        parse_endpoints(url)
+        return ClusterConfig(url, node_id, advertise, rack, node_ttl_s)
+    except (ValueError, LogHubError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
 
 
 def _shard_quota(
@@ -469,6 +510,57 @@ def shard_list(
         print(json.dumps([dataclasses.asdict(s) for s in shards], indent=2))
         return
     Console().print(shard_tree(shards))
+
+
+@cluster_app.command("status")
+def cluster_status(cluster: ClusterUrl, as_json: AsJson = False) -> None:
+    """Nodes, the controller, shards per node, and shards whose node is gone."""
+    import asyncio
+
+    from loghub.cluster.status import cluster_status as read_status
+
+    status = asyncio.run(read_status(cluster))
+    if as_json:
+        print(json.dumps(status, indent=2))
+        return
+    console = Console()
+    console.print(
+        f"controller: {status['controller'] or '(none elected)'}"
+        + (f" (epoch {status['controller_epoch']})" if status["controller"] else "")
+    )
+    table = Table("node", "advertise", "rack", "draining", "shards")
+    for node in status["nodes"]:
+        table.add_row(node["node"], node["advertise"], node["rack"],
+                      "yes" if node["draining"] else "", str(node["shards"]))  # fmt: skip
+    console.print(table)
+    gone = status["unavailable_shards"]
+    console.print(f"unavailable shards: {len(gone)}")
+    for shard in gone:
+        console.print(
+            f"  {shard['project']}/{shard['logstore']} shard {shard['shard']} on {shard['node']}"
+        )
+
+
+@node_app.command("drain")
+def node_drain(node_id: str, cluster: ClusterUrl) -> None:
+    """Moves every writable shard off a node and places none on it (until undrain)."""
+    import asyncio
+
+    from loghub.cluster.status import set_drain
+
+    asyncio.run(set_drain(cluster, node_id, True))
+    print(f"node {node_id} drains; `loghub cluster status` shows its shards leave")
+
+
+@node_app.command("undrain")
+def node_undrain(node_id: str, cluster: ClusterUrl) -> None:
+    """Lets a drained node take shards again."""
+    import asyncio
+
+    from loghub.cluster.status import set_drain
+
+    asyncio.run(set_drain(cluster, node_id, False))
+    print(f"node {node_id} takes shards again")
 
 
 @shard_app.command("split")

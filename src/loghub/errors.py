@@ -17,7 +17,9 @@ into the same class.
     ├── DatabaseError                   the metadata or lease database failed or is unreachable
     ├── CoordinationError               coordination's own state (a 500 if one reaches a server)
     │   ├── LeaseLostError              this worker no longer holds a lease it used
-    │   └── IllegalTransition           a state machine was asked for a move it does not allow
+    │   ├── IllegalTransition           a state machine was asked for a move it does not allow
+    │   ├── ControlPlaneError           the cluster's control plane (etcd) failed or is unreachable
+    │   └── FencedError                 a write by a node that lost the role it was made in
     ├── KafkaWireError                  Kafka protocol input (wire/kafka raises these; the Kafka
     │   │                               listener answers with a Kafka error code or closes)
     │   ├── KafkaDecodeError            not a valid request of the API and version it claims
@@ -83,12 +85,14 @@ __all__ = [
     "ConsumerGroupAlreadyExist",
     "ConsumerGroupNotExist",
     "ConsumerNotMatch",
+    "ControlPlaneError",
     "CoordinationError",
     "CorruptBatch",
     "CorruptSegmentError",
     "DataCorrupted",
     "DatabaseError",
     "DiskFullError",
+    "FencedError",
     "IllegalTransition",
     "IndexConfigNotExist",
     "InvalidAccessKeyId",
@@ -357,6 +361,14 @@ class LeaseLostError(CoordinationError):
 
 
 class IllegalTransition(CoordinationError):
+    pass
+
+
+class ControlPlaneError(CoordinationError):
+    pass
+
+
+class FencedError(CoordinationError):
     pass
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import threading
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from postgres import create_schema
+from metadata_backends import MetadataBackend
 
 from loghub.errors import (
     LogHubError,
@@ -87,7 +85,7 @@ def test_parse_then_format_gives_the_lowercase_key(text: str) -> None:
         assert format_hash_key(value) == text.lower()
 
 
-# -- the store -------------------------------------------------------------------------------
+# -- the store: on SQLite, PostgreSQL and etcd --------------------------------------------
 
 
 @dataclass
@@ -101,24 +99,23 @@ class StepClock:
         return self.wall_ms_now
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'meta' / 'meta.db'}"
-    server_url: str = request.getfixturevalue("postgres_url")
-    return create_schema(server_url, f"t_{uuid.uuid4().hex[:16]}")
-
-
 @pytest.fixture
 def clock() -> StepClock:
     return StepClock()
 
 
 @pytest.fixture
-def store(store_url: str, clock: StepClock) -> Iterator[MetadataStore]:
-    opened = MetadataStore.open(store_url, clock)
-    yield opened
-    opened.close()
+def store_place(any_metadata_backend: MetadataBackend) -> str:
+    return any_metadata_backend.new_place()
+
+
+@pytest.fixture
+def store(
+    any_metadata_backend: MetadataBackend, store_place: str, clock: StepClock
+) -> MetadataStore:
+    """A MetadataStore, or an EtcdMetadataStore (the same interface), on a fresh place."""
+    opened: MetadataStore = any_metadata_backend.open(store_place, clock)
+    return opened
 
 
 def test_project_create_get_and_json(store: MetadataStore, clock: StepClock) -> None:
@@ -308,7 +305,7 @@ def test_shard_for_key_rejects_keys_outside_the_space(store: MetadataStore) -> N
 
 
 def test_everything_is_still_there_after_reopening(
-    store: MetadataStore, store_url: str, clock: StepClock
+    store: MetadataStore, any_metadata_backend: MetadataBackend, store_place: str, clock: StepClock
 ) -> None:
     store.create_project("proj", "described")
     logstore = store.create_logstore(
@@ -316,7 +313,7 @@ def test_everything_is_still_there_after_reopening(
     )
     shards = store.list_shards("proj", "events")
     store.close()
-    reopened = MetadataStore.open(store_url, clock)
+    reopened = any_metadata_backend.open(store_place, clock)
     try:
         assert reopened.get_project("proj").description == "described"
         assert reopened.get_logstore("proj", "events") == logstore
@@ -328,7 +325,7 @@ def test_everything_is_still_there_after_reopening(
 
 
 def test_delete_project_deletes_its_logstores_and_shards(
-    store: MetadataStore, store_url: str, clock: StepClock
+    store: MetadataStore, any_metadata_backend: MetadataBackend, store_place: str, clock: StepClock
 ) -> None:
     store.create_project("proj")
     store.create_project("kept")
@@ -338,7 +335,7 @@ def test_delete_project_deletes_its_logstores_and_shards(
     with pytest.raises(ProjectNotExist):
         store.get_logstore("proj", "aaa")
     store.close()
-    reopened = MetadataStore.open(store_url, clock)
+    reopened = any_metadata_backend.open(store_place, clock)
     try:
         assert reopened.list_projects() == ([reopened.get_project("kept")], 1)
         assert reopened.get_logstore("kept", "aaa") == kept

@@ -2,28 +2,38 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
+from metadata_backends import MetadataBackend
 
 from loghub.errors import ConsumerGroupAlreadyExist, ConsumerGroupNotExist, ParameterInvalid
 from loghub.metadata import Checkpoint, ConsumerGroupDef, LogstoreSpec, MetadataStore
 from loghub.testing import FakeClock
 
 
-def _open(path: Path) -> MetadataStore:
-    return MetadataStore.open(f"sqlite:///{path / 'meta.db'}", FakeClock())
+@pytest.fixture()
+def place(metadata_backend: MetadataBackend) -> str:
+    return metadata_backend.new_place()
 
 
 @pytest.fixture()
-def store(tmp_path: Path) -> MetadataStore:
-    meta = _open(tmp_path)
+def reopen(metadata_backend: MetadataBackend, place: str) -> Callable[[], MetadataStore]:
+    """Opens the store on the test's place (on SQLite or etcd) again."""
+    return lambda: metadata_backend.open(place, FakeClock())  # type: ignore[no-any-return]
+
+
+@pytest.fixture()
+def store(reopen: Callable[[], MetadataStore]) -> MetadataStore:
+    meta = reopen()
     meta.create_project("proj1")
     meta.create_logstore("proj1", LogstoreSpec(name="store1", shard_count=2))
     return meta
 
 
-def test_groups_and_checkpoints_survive_a_reopen(store: MetadataStore, tmp_path: Path) -> None:
+def test_groups_and_checkpoints_survive_a_reopen(
+    store: MetadataStore, reopen: Callable[[], MetadataStore]
+) -> None:
     groups = store.consumer_groups("proj1", "store1")
     groups.create("proj1", "store1", ConsumerGroupDef("cg1", 60, False))
     groups.create("proj1", "store1", ConsumerGroupDef("cg2", 10, True))
@@ -31,7 +41,7 @@ def test_groups_and_checkpoints_survive_a_reopen(store: MetadataStore, tmp_path:
     groups.save_checkpoint("proj1", "store1", "cg1", Checkpoint(0, "MTA=", "c1", 123))
     groups.save_checkpoint("proj1", "store1", "cg1", Checkpoint(0, "MjA=", "c2", 456))
     store.close()
-    reopened = _open(tmp_path).consumer_groups("proj1", "store1")
+    reopened = reopen().consumer_groups("proj1", "store1")
     assert reopened.list_groups("proj1", "store1") == [
         ConsumerGroupDef("cg1", 60, True),
         ConsumerGroupDef("cg2", 10, True),
@@ -55,7 +65,7 @@ def test_duplicate_missing_and_invalid_groups_are_refused(store: MetadataStore) 
 
 
 def test_deleting_a_group_or_its_logstore_deletes_its_checkpoints(
-    store: MetadataStore, tmp_path: Path
+    store: MetadataStore, reopen: Callable[[], MetadataStore]
 ) -> None:
     groups = store.consumer_groups("proj1", "store1")
     groups.create("proj1", "store1", ConsumerGroupDef("cg1", 60, False))
@@ -68,4 +78,4 @@ def test_deleting_a_group_or_its_logstore_deletes_its_checkpoints(
     store.create_logstore("proj1", LogstoreSpec(name="store1", shard_count=2))
     assert store.consumer_groups("proj1", "store1").list_groups("proj1", "store1") == []
     store.close()
-    assert _open(tmp_path).consumer_groups("proj1", "store1").list_groups("proj1", "store1") == []
+    assert reopen().consumer_groups("proj1", "store1").list_groups("proj1", "store1") == []

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from metadata_backends import MetadataBackend
 
 from loghub.errors import ParameterInvalid, ShardNotExist, ShardReadOnly
 from loghub.metadata import KEY_SPACE_END, LogstoreSpec, MetadataStore, Shard
@@ -30,8 +29,9 @@ class RecordingSealer:
         del self.sealed[shard_id]
 
 
-def _store(path: Path, shards: int = 2) -> MetadataStore:
-    store = MetadataStore.open(f"sqlite:///{path / 'meta.db'}", FakeClock())
+def _store(backend: MetadataBackend, place: str, shards: int = 2) -> MetadataStore:
+    """The store on ``place`` (SQLite or etcd), with proj1/store1 made on the first open."""
+    store: MetadataStore = backend.open(place, FakeClock())
     if "proj1" not in {p.name for p in store.list_projects()[0]}:
         store.create_project("proj1")
         store.create_logstore("proj1", LogstoreSpec(name="store1", shard_count=shards))
@@ -81,10 +81,10 @@ operations = st.lists(
 )
 @given(ops=operations, initial=st.integers(1, 4))
 def test_any_sequence_of_splits_and_merges_keeps_ranges_tiled_and_lineage_a_dag(
-    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, int, float]], initial: int
+    metadata_backend: MetadataBackend, ops: list[tuple[str, int, float]], initial: int
 ) -> None:
-    path = tmp_path_factory.mktemp("reshard")
-    store = _store(path, initial)
+    place = metadata_backend.new_place()
+    store = _store(metadata_backend, place, initial)
     sealer = RecordingSealer()
     roots = set(range(initial))
     for kind, pick, fraction in ops:
@@ -107,13 +107,13 @@ def test_any_sequence_of_splits_and_merges_keeps_ranges_tiled_and_lineage_a_dag(
         _check_invariants(store.list_shards("proj1", "store1"), roots)
     shards = store.list_shards("proj1", "store1")
     store.close()
-    reopened = _store(path)
+    reopened = _store(metadata_backend, place)
     assert reopened.list_shards("proj1", "store1") == shards, "lineage survives a reopen"
     reopened.close()
 
 
-def test_split_and_merge_refuse_bad_requests(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+def test_split_and_merge_refuse_bad_requests(metadata_backend: MetadataBackend) -> None:
+    store = _store(metadata_backend, metadata_backend.new_place())
     sealer = RecordingSealer()
     with pytest.raises(ParameterInvalid):
         store.split_shard("proj1", "store1", 0, 0, sealer)  # not strictly inside
@@ -128,8 +128,10 @@ def test_split_and_merge_refuse_bad_requests(tmp_path: Path) -> None:
         store.merge_shard("proj1", "store1", 0, sealer)
 
 
-def test_a_failed_seal_changes_nothing_and_unseals_what_it_sealed(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+def test_a_failed_seal_changes_nothing_and_unseals_what_it_sealed(
+    metadata_backend: MetadataBackend,
+) -> None:
+    store = _store(metadata_backend, metadata_backend.new_place())
     sealer = RecordingSealer()
     before = store.list_shards("proj1", "store1")
     sealer.fail_on = 1
@@ -139,8 +141,8 @@ def test_a_failed_seal_changes_nothing_and_unseals_what_it_sealed(tmp_path: Path
     assert store.list_shards("proj1", "store1") == before
 
 
-def test_merged_ids_are_new_and_never_reused(tmp_path: Path) -> None:
-    store = _store(tmp_path, 2)
+def test_merged_ids_are_new_and_never_reused(metadata_backend: MetadataBackend) -> None:
+    store = _store(metadata_backend, metadata_backend.new_place(), 2)
     sealer = RecordingSealer()
     merged, _, _ = store.merge_shard("proj1", "store1", 0, sealer)
     assert merged.shard_id == 2

@@ -4,7 +4,8 @@
 client-side lease protocol); ``shard_state`` is the server-side per-shard state machine;
 ``group`` turns heartbeats into assignments; ``lease`` is the client-side lease protocol over
 a compare-and-set ``LeaseStore`` (``lease_sql`` is that store on SQLite or PostgreSQL, the
-one module here that does I/O; import it by name). The rest does no I/O and takes time as an
+one module here that does I/O; import it by name); ``placement`` decides which node of a
+cluster holds which shard. The rest does no I/O and takes time as an
 argument, so seeded simulations (``loghub.testing``) replay any run exactly.
 """
 

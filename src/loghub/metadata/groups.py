@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import sqlalchemy as sa
@@ -35,7 +35,10 @@ __all__ = [
     "ConsumerGroupCatalog",
     "ConsumerGroupDef",
     "consumer_groups_per_logstore_max",
+    "group_count",
     "group_timeout_s_max",
+    "validate_checkpoint",
+    "validate_group",
 ]
 
 # The hosted service allows 30 groups a logstore; room to spare, and still a bound.
@@ -109,6 +112,16 @@ def validate_group(name: str, timeout_s: int) -> None:
         raise ParameterInvalid(f"timeout must be 1..{group_timeout_s_max} seconds")
 
 
+def validate_checkpoint(checkpoint: Checkpoint) -> None:
+    if len(checkpoint.cursor) > _CHECKPOINT_CHARS_MAX or len(checkpoint.consumer) > 256:
+        raise ParameterInvalid("checkpoint or consumer name too long")
+
+
+def group_count(groups: Iterable[GroupKey], project: str, logstore: str) -> int:
+    """How many groups a logstore has: what ``consumer_groups_per_logstore_max`` bounds."""
+    return sum(1 for p, ls, _ in groups if (p, ls) == (project, logstore))
+
+
 class ConsumerGroupCatalog:
     """Groups and checkpoints of every logstore; owned by ``MetadataStore`` (``.groups``),
     which checks that the logstore exists before calling in and shares its write lock."""
@@ -142,8 +155,7 @@ class ConsumerGroupCatalog:
         with self._write_lock:
             if key in self._groups:
                 raise ConsumerGroupAlreadyExist(f"consumer group {group.name} already exists")
-            count = sum(1 for p, ls, _ in self._groups if (p, ls) == (project, logstore))
-            if count >= consumer_groups_per_logstore_max:
+            if group_count(self._groups, project, logstore) >= consumer_groups_per_logstore_max:
                 raise ParameterInvalid(
                     f"a logstore has at most {consumer_groups_per_logstore_max} consumer groups"
                 )
@@ -232,8 +244,7 @@ class ConsumerGroupCatalog:
     def save_checkpoint(
         self, project: str, logstore: str, name: str, checkpoint: Checkpoint
     ) -> None:
-        if len(checkpoint.cursor) > _CHECKPOINT_CHARS_MAX or len(checkpoint.consumer) > 256:
-            raise ParameterInvalid("checkpoint or consumer name too long")
+        validate_checkpoint(checkpoint)
         key = (project, logstore, name)
         with self._write_lock:
             self.get(project, logstore, name)

@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import secrets
 import threading
-from bisect import bisect_right
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
-from itertools import pairwise
-from typing import Any, Protocol, cast
+from collections.abc import Mapping
+from dataclasses import fields, replace
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -41,22 +39,33 @@ from loghub._sql import create_engine
 from loghub.errors import (
     DatabaseError,
     LogStoreAlreadyExist,
-    LogStoreInfoInvalid,
-    LogStoreNotExist,
-    ParameterInvalid,
     ProjectAlreadyExist,
     ProjectNotExist,
-    ShardNotExist,
-    ShardReadOnly,
+)
+from loghub.metadata._logstores import (
+    CachedLogstore,
+    ShardSealer,
+    check_updatable,
+    close_parents,
+    list_page_size_max,
+    missing_logstore,
+    page,
+    plan_merge,
+    plan_split,
+    reshard,
+    seal,
+    shard_ids_per_logstore_max,
+    spec_of,
+    spec_values,
+    unseal,
 )
 from loghub.metadata._validate import (
-    shards_per_logstore_max,
     validate_description,
     validate_project_name,
     validate_spec,
 )
 from loghub.metadata.groups import ConsumerGroupCatalog, define_tables
-from loghub.metadata.hashing import KEY_SPACE_END, even_ranges, format_hash_key
+from loghub.metadata.hashing import even_ranges
 from loghub.metadata.models import Logstore, LogstoreSpec, Project, Shard, ShardStatus
 
 __all__ = [
@@ -68,24 +77,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-# The hosted service pages lists at 500 at most; a larger ``size`` is cut to this, and the
-# returned total tells the caller there is more.
-list_page_size_max = 500
-# Shards ever made in one logstore, readonly ones included: bounds lineage and directories.
-shard_ids_per_logstore_max = 4096
-# Logstore fields update_logstore may change. The shard count changes only by split/merge.
-_UPDATABLE = frozenset(
-    {
-        "ttl_days",
-        "auto_split",
-        "max_split_shard",
-        "append_meta",
-        "enable_tracking",
-        "telemetry_type",
-        "mode",
-        "extra",
-    }
-)
 
 _meta = sa.MetaData()
 _schema_version = sa.Table(
@@ -155,35 +146,6 @@ def _key_text(key: int) -> str:
     return f"{key:033x}"
 
 
-@dataclass(frozen=True)
-class _CachedLogstore:
-    """A logstore with its shards, indexed for the hot path."""
-
-    logstore: Logstore
-    shards: tuple[Shard, ...]  # by shard_id
-    by_id: Mapping[int, Shard]
-    writable: tuple[Shard, ...]  # read-write shards by begin_key
-    writable_begins: tuple[int, ...]
-
-    @classmethod
-    def build(cls, logstore: Logstore, shards: Sequence[Shard]) -> _CachedLogstore:
-        ordered = tuple(sorted(shards, key=lambda s: s.shard_id))
-        writable = tuple(
-            sorted((s for s in ordered if s.status == "readwrite"), key=lambda s: s.begin_key)
-        )
-        # The read-write shards tile the key space: every key has exactly one writer.
-        assert writable and writable[0].begin_key == 0, logstore
-        assert writable[-1].end_key == KEY_SPACE_END, logstore
-        assert all(a.end_key == b.begin_key for a, b in pairwise(writable)), logstore
-        return cls(
-            logstore=replace(logstore, shard_count=len(writable)),
-            shards=ordered,
-            by_id={s.shard_id: s for s in ordered},
-            writable=writable,
-            writable_begins=tuple(s.begin_key for s in writable),
-        )
-
-
 class MetadataStore:
     """Projects, logstores and shards; see the module docstring for caching and threads."""
 
@@ -193,7 +155,7 @@ class MetadataStore:
         self._clock = clock
         self._write_lock = threading.Lock()
         self._projects: dict[str, Project] = {}
-        self._logstores: dict[tuple[str, str], _CachedLogstore] = {}
+        self._logstores: dict[tuple[str, str], CachedLogstore] = {}
         self._groups = ConsumerGroupCatalog(engine, _group_tables, self._write_lock)
         _meta.create_all(engine)
         with engine.begin() as conn:
@@ -247,7 +209,7 @@ class MetadataStore:
         """A page of projects by name, and how many match in all."""
         projects = self._projects
         names = sorted(n for n in projects if name_contains in n)
-        return [projects[n] for n in _page(names, offset, size)], len(names)
+        return [projects[n] for n in page(names, offset, size)], len(names)
 
     def delete_project(self, name: str) -> list[Logstore]:
         """Delete a project with its logstores and shards. Returns the logstores deleted, so
@@ -278,7 +240,7 @@ class MetadataStore:
             now_s = self._now_s()
             logstore = Logstore(
                 project=project,
-                **_spec_values(spec),
+                **spec_values(spec),
                 created_at_s=now_s,
                 modified_at_s=now_s,
                 storage_key=f"{project}/{spec.name}-{secrets.token_hex(4)}",
@@ -293,7 +255,7 @@ class MetadataStore:
                     conn.execute(sa.insert(_shards), [_shard_row(logstore, s) for s in shards])
             except IntegrityError as exc:
                 raise LogStoreAlreadyExist(f"logstore {spec.name} already exists") from exc
-            return self._cache(_CachedLogstore.build(logstore, shards))
+            return self._cache(CachedLogstore.build(logstore, shards))
 
     def get_logstore(self, project: str, name: str) -> Logstore:
         return self._entry(project, name).logstore
@@ -304,27 +266,25 @@ class MetadataStore:
         """A page of logstore names, sorted, and how many match in all."""
         self.get_project(project)
         names = sorted(n for p, n in self._logstores if p == project and name_contains in n)
-        return _page(names, offset, size), len(names)
+        return page(names, offset, size), len(names)
 
     def update_logstore(self, project: str, name: str, changes: Mapping[str, Any]) -> Logstore:
         """Change the fields named in ``changes`` (``LogstoreSpec`` field names, except
         ``name`` and ``shard_count``: the shard count changes only by split and merge)."""
-        unknown = set(changes) - _UPDATABLE
-        if unknown:
-            raise LogStoreInfoInvalid(f"cannot update {', '.join(sorted(unknown))}")
+        check_updatable(changes)
         with self._write_lock:
             entry = self._entry(project, name)
             old = entry.logstore
-            spec = replace(_spec_of(old), **changes)
+            spec = replace(spec_of(old), **changes)
             validate_spec(spec)
-            new = replace(old, **_spec_values(spec), modified_at_s=self._now_s())
+            new = replace(old, **spec_values(spec), modified_at_s=self._now_s())
             with self._engine.begin() as conn:
                 conn.execute(
                     sa.update(_logstores)
                     .where(_logstores.c.project == project, _logstores.c.name == name)
                     .values(_logstore_row(new))
                 )
-            return self._cache(_CachedLogstore.build(new, entry.shards))
+            return self._cache(CachedLogstore.build(new, entry.shards))
 
     def delete_logstore(self, project: str, name: str) -> Logstore:
         """Delete a logstore and its shards; returns it so the caller can remove its data."""
@@ -352,19 +312,11 @@ class MetadataStore:
         return list(self._entry(project, logstore).shards)
 
     def get_shard(self, project: str, logstore: str, shard_id: int) -> Shard:
-        shard = self._entry(project, logstore).by_id.get(shard_id)
-        if shard is None:
-            raise ShardNotExist(f"shard {shard_id} does not exist")
-        return shard
+        return self._entry(project, logstore).shard(shard_id)
 
     def shard_for_key(self, project: str, logstore: str, key: int) -> Shard:
         """The read-write shard whose range holds ``key`` (see ``hashing.parse_hash_key``)."""
-        if not 0 <= key < KEY_SPACE_END:
-            raise ParameterInvalid(f"hash key {key} is outside [0, 2**128)")
-        entry = self._entry(project, logstore)
-        shard = entry.writable[bisect_right(entry.writable_begins, key) - 1]
-        assert shard.covers(key), (shard, key)
-        return shard
+        return self._entry(project, logstore).shard_for_key(key)
 
     # -- consumer groups ---------------------------------------------------------------------
 
@@ -386,24 +338,10 @@ class MetadataStore:
         """
         with self._write_lock:
             entry = self._entry(project, logstore)
-            parent = self._writable_shard(entry, shard_id)
-            if not parent.begin_key < split_key < parent.end_key:
-                raise ParameterInvalid(
-                    f"split key {format_hash_key(split_key)} is not strictly inside shard "
-                    f"{shard_id} [{format_hash_key(parent.begin_key)}, "
-                    f"{format_hash_key(parent.end_key)})"
-                )
-            _check_room(entry, readwrite_added=1)
-            left_id, right_id = _next_ids(entry, 2)
             now_s = self._now_s()
-            left = Shard(
-                left_id, "readwrite", parent.begin_key, split_key, now_s, parents=(shard_id,)
-            )
-            right = Shard(
-                right_id, "readwrite", split_key, parent.end_key, now_s, parents=(shard_id,)
-            )
-            (closed,) = self._commit_reshard(entry, [parent], [left, right], sealer, now_s)
-            return closed, left, right
+            parent, children = plan_split(entry, shard_id, split_key, now_s)
+            (closed,) = self._commit_reshard(entry, [parent], children, sealer, now_s)
+            return closed, children[0], children[1]
 
     def merge_shard(
         self, project: str, logstore: str, shard_id: int, sealer: ShardSealer
@@ -412,23 +350,10 @@ class MetadataStore:
         shard; returns (new shard, left now read-only, right now read-only)."""
         with self._write_lock:
             entry = self._entry(project, logstore)
-            left = self._writable_shard(entry, shard_id)
-            right = next((s for s in entry.writable if s.begin_key == left.end_key), None)
-            if right is None:
-                raise ParameterInvalid(f"shard {shard_id} has no right-hand neighbour to merge")
-            _check_room(entry, readwrite_added=-1)
-            (merged_id,) = _next_ids(entry, 1)
             now_s = self._now_s()
-            merged = Shard(
-                merged_id,
-                "readwrite",
-                left.begin_key,
-                right.end_key,
-                now_s,
-                parents=(left.shard_id, right.shard_id),
-            )
+            parents, merged = plan_merge(entry, shard_id, now_s)
             closed_left, closed_right = self._commit_reshard(
-                entry, [left, right], [merged], sealer, now_s
+                entry, parents, [merged], sealer, now_s
             )
             return merged, closed_left, closed_right
 
@@ -438,39 +363,18 @@ class MetadataStore:
         with self._write_lock:
             pass
 
-    def _writable_shard(self, entry: _CachedLogstore, shard_id: int) -> Shard:
-        shard = entry.by_id.get(shard_id)
-        if shard is None:
-            raise ShardNotExist(f"shard {shard_id} does not exist")
-        if shard.status != "readwrite":
-            raise ShardReadOnly(f"shard {shard_id} is readonly")
-        return shard
-
     def _commit_reshard(
         self,
-        entry: _CachedLogstore,
+        entry: CachedLogstore,
         parents: list[Shard],
         children: list[Shard],
         sealer: ShardSealer,
         now_s: int,
     ) -> list[Shard]:
         """Seals the parents, then commits them read-only with their children (lock held)."""
-        child_ids = tuple(c.shard_id for c in children)
-        sealed: list[int] = []
+        end_seqs = seal(sealer, parents)
+        closed = close_parents(parents, children, end_seqs, now_s)
         try:
-            closed = []
-            for parent in parents:
-                end_seq = sealer.seal(parent.shard_id)
-                sealed.append(parent.shard_id)
-                closed.append(
-                    replace(
-                        parent,
-                        status="readonly",
-                        closed_at_s=now_s,
-                        children=child_ids,
-                        end_seq=end_seq,
-                    )
-                )
             logstore = entry.logstore
             with self._engine.begin() as conn:
                 for shard in closed:
@@ -485,12 +389,9 @@ class MetadataStore:
                     )
                 conn.execute(sa.insert(_shards), [_shard_row(logstore, c) for c in children])
         except BaseException:
-            for shard_id in sealed:
-                sealer.unseal(shard_id)
+            unseal(sealer, parents)
             raise
-        replaced = {s.shard_id: s for s in closed}
-        shards = [replaced.get(s.shard_id, s) for s in entry.shards] + children
-        self._cache(_CachedLogstore.build(entry.logstore, shards))
+        self._cache(CachedLogstore.build(entry.logstore, reshard(entry, closed, children)))
         return closed
 
     # -- internals --------------------------------------------------------------------------
@@ -498,14 +399,14 @@ class MetadataStore:
     def _now_s(self) -> int:
         return self._clock.wall_ms() // 1000
 
-    def _entry(self, project: str, name: str) -> _CachedLogstore:
+    def _entry(self, project: str, name: str) -> CachedLogstore:
         entry = self._logstores.get((project, name))
         if entry is None:
             self.get_project(project)
-            raise LogStoreNotExist(f"logstore {name} does not exist")
+            raise missing_logstore(name)
         return entry
 
-    def _cache(self, entry: _CachedLogstore) -> Logstore:
+    def _cache(self, entry: CachedLogstore) -> Logstore:
         key = (entry.logstore.project, entry.logstore.name)
         self._logstores = {**self._logstores, key: entry}
         return entry.logstore
@@ -529,52 +430,9 @@ class MetadataStore:
             shards.setdefault((row["project"], row["logstore"]), []).append(_shard_of(row))
         for row in conn.execute(sa.select(_logstores)).mappings():
             values = {f.name: row[f.name] for f in fields(Logstore) if f.name != "shard_count"}
-            logstore = Logstore(**values, shard_count=0)  # counted by _CachedLogstore.build
+            logstore = Logstore(**values, shard_count=0)  # counted by CachedLogstore.build
             key = (logstore.project, logstore.name)
-            self._logstores[key] = _CachedLogstore.build(logstore, shards.get(key, []))
-
-
-class ShardSealer(Protocol):
-    """What split and merge need from storage: make a shard's log read-only and learn its
-    end sequence (``seal``), or undo that when the metadata change fails (``unseal``)."""
-
-    def seal(self, shard_id: int) -> int: ...
-
-    def unseal(self, shard_id: int) -> None: ...
-
-
-def _check_room(entry: _CachedLogstore, readwrite_added: int) -> None:
-    if len(entry.writable) + readwrite_added > shards_per_logstore_max:
-        raise ParameterInvalid(f"a logstore has at most {shards_per_logstore_max} readwrite shards")
-    if len(entry.shards) + 2 > shard_ids_per_logstore_max:
-        raise ParameterInvalid(
-            f"a logstore has at most {shard_ids_per_logstore_max} shards, readonly included"
-        )
-
-
-def _next_ids(entry: _CachedLogstore, count: int) -> list[int]:
-    """Shard ids are never reused: new ones continue after the largest ever given."""
-    first = max(entry.by_id) + 1
-    return list(range(first, first + count))
-
-
-def _page(names: list[str], offset: int, size: int) -> list[str]:
-    if offset < 0 or size < 0:
-        raise ParameterInvalid(f"offset and size must not be negative: {offset}, {size}")
-    return names[offset : offset + min(size, list_page_size_max)]
-
-
-_SPEC_FIELDS = tuple(f.name for f in fields(LogstoreSpec))
-
-
-def _spec_values(spec: LogstoreSpec) -> dict[str, Any]:
-    values = {name: getattr(spec, name) for name in _SPEC_FIELDS}
-    values["extra"] = dict(spec.extra)
-    return values
-
-
-def _spec_of(logstore: Logstore) -> LogstoreSpec:
-    return LogstoreSpec(**{name: getattr(logstore, name) for name in _SPEC_FIELDS})
+            self._logstores[key] = CachedLogstore.build(logstore, shards.get(key, []))
 
 
 def _logstore_row(logstore: Logstore) -> dict[str, Any]:

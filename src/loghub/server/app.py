@@ -40,7 +40,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from urllib.parse import parse_qsl
 
 from starlette.requests import ClientDisconnect, Request
@@ -72,6 +72,10 @@ from loghub.wire.errors import error_body
 from loghub.wire.logs import PULL_BYTES_MAX_HEADER, PULL_BYTES_MAX_PARAM
 from loghub.wire.signing import header_map
 from loghub.wire.values import loads_json, parse_decimal
+
+if TYPE_CHECKING:  # the cluster's modules (and the etcd client) load only in cluster mode
+    from loghub.cluster.membership import NodeInfo
+    from loghub.server.cluster_routing import ClusterRouting
 
 __all__ = ["LogHubApp", "build_app", "project_from_host"]
 
@@ -271,6 +275,22 @@ class LogHubApp:
         # take the GIL from the event loop).
         self._request_id_prefix = os.urandom(6).hex().upper()
         self._request_numbers = itertools.count()
+        self._cluster: ClusterRouting | None = None
+        if self.config.cluster is not None:
+            from loghub.cluster.membership import NodeInfo
+            from loghub.server.cluster_routing import ClusterRouting
+
+            cluster = self.config.cluster
+            self._cluster = ClusterRouting(
+                cluster.url,
+                NodeInfo(cluster.node_id, cluster.advertise, cluster.rack),
+                self.service.metadata,
+                self.service,
+                cluster.node_ttl_s,
+                self.config.keys,
+            )
+            self.service.remote_logs = self._cluster
+        self._lb_turn = itertools.count()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -339,6 +359,8 @@ class LogHubApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                if self._cluster is not None:
+                    await self._cluster.start()
                 self._background = [
                     asyncio.create_task(
                         self._every(self.config.retention_interval_s, self._apply_retention)
@@ -358,6 +380,8 @@ class LogHubApp:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._cluster is not None:
+            await self._cluster.stop()
         self._executor.shutdown(wait=True)
         self.service.close()
 
@@ -605,6 +629,8 @@ class LogHubApp:
     async def _consumer_groups(self, call: _Call, logstore: str) -> Response:
         _refuse_selectors(call)
         project = call.need_project()
+        if self._cluster is not None and (node := self._cluster.coordinator()) is not None:
+            return await self._forward(call, node)
         groups = self.service.groups
         if call.method == "POST":
             await self._blocking(groups.create, project, logstore, call.json_body())
@@ -615,6 +641,8 @@ class LogHubApp:
 
     async def _consumer_group(self, call: _Call, logstore: str, name: str) -> Response:
         project = call.need_project()
+        if self._cluster is not None and (node := self._cluster.coordinator()) is not None:
+            return await self._forward(call, node)
         groups = self.service.groups
         _refuse_selectors(call, "type" if call.method in ("POST", "GET") else "")
         kind = call.optional("type")
@@ -666,6 +694,10 @@ class LogHubApp:
     async def _shard(self, call: _Call, logstore: str, target: str) -> Response:
         project = call.need_project()
         _refuse_selectors(call, {"POST": "action", "GET": "type"}.get(call.method, ""))
+        if self._cluster is not None:
+            node, target = self._shard_node(call, project, logstore, target)
+            if node is not None:
+                return await self._forward(call, node)
         if call.method == "POST" and call.optional("action") is None:
             return await self._put_logs(call, project, logstore, target)
         if call.method == "POST":
@@ -687,6 +719,45 @@ class LogHubApp:
             raise ParameterInvalid(f"type must be log, cursor or cursor_time, not {kind!r}")
         raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
 
+    def _shard_node(
+        self, call: _Call, project: str, logstore: str, target: str
+    ) -> tuple[NodeInfo | None, str]:
+        """In a cluster: the node that serves a shard request (None: this one), and the
+        target to serve it with here (a load-balanced write becomes one of this node's
+        shards)."""
+        cluster = self._cluster
+        assert cluster is not None
+        writes = call.method == "POST"
+        if writes:
+            cluster.check_alive()
+        if writes and call.optional("action") is None and target in ("lb", "route"):
+            shards = self.service.metadata.list_shards(project, logstore)
+            writable = [s.shard_id for s in shards if s.status == "readwrite"]
+            if target == "lb":
+                local = cluster.local_writable(project, logstore, writable)
+                if local:
+                    return None, str(local[next(self._lb_turn) % len(local)])
+                if not writable:
+                    return None, target  # the service gives the error
+                chosen = writable[next(self._lb_turn) % len(writable)]
+                return cluster.shard_node(project, logstore, chosen), target
+            shard = self.service.pick_shard(project, logstore, target, call.optional("key"))
+            return cluster.shard_node(project, logstore, shard.shard_id), target
+        return cluster.shard_node(project, logstore, parse_shard_id(target)), target
+
+    async def _forward(self, call: _Call, node: NodeInfo) -> Response:
+        assert self._cluster is not None
+        scope = call.request.scope
+        return await self._cluster.forward(
+            node,
+            call.method,
+            scope.get("raw_path", scope["path"].encode()).decode("latin-1").split("?")[0],
+            scope.get("query_string", b""),
+            scope["headers"],
+            call.body,
+            call.request_id,
+        )
+
     async def _reshard(self, call: _Call, project: str, logstore: str, target: str) -> Response:
         shard_id = parse_shard_id(target)
         action = call.query.get("action")
@@ -696,6 +767,13 @@ class LogHubApp:
             )
         elif action == "merge":
             shards = await self._blocking(self.service.merge_shard, project, logstore, shard_id)
+        elif action in ("seal", "unseal") and self._cluster is not None:
+            # a node merging this node's shard with its own seals this log first
+            if action == "seal":
+                end_seq = await self._blocking(self.service.seal_log, project, logstore, shard_id)
+                return _json({"endSeq": end_seq}, call.request_id)
+            await self._blocking(self.service.unseal_log, project, logstore, shard_id)
+            return _json({}, call.request_id)
         else:
             raise ParameterInvalid(f"action must be split or merge, not {action!r}")
         return _json([self.service.shard_json(s) for s in shards], call.request_id)

@@ -20,6 +20,7 @@ from loghub.errors import ParameterInvalid
 from loghub.server.quotas import ShardQuota
 
 __all__ = [
+    "ClusterConfig",
     "KeyGrant",
     "Limits",
     "ServerConfig",
@@ -100,6 +101,29 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """``loghub serve --cluster``: this node's place in a cluster (docs/cluster.md)."""
+
+    url: str  # etcd://h1:2379,h2:2379,h3:2379
+    node_id: str
+    advertise: str  # host:port other nodes forward requests to
+    rack: str = ""
+    # the node's lease: a node that stops refreshing it is gone this many seconds later
+    node_ttl_s: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.node_id or not all(c.isalnum() or c in "-_." for c in self.node_id):
+            raise ParameterInvalid(
+                f"--node-id must be letters, digits, '-', '_' or '.', not {self.node_id!r}"
+            )
+        host, _, port = self.advertise.rpartition(":")
+        if not host or not port.isdigit():
+            raise ParameterInvalid(f"--advertise must be host:port, not {self.advertise!r}")
+        if not 1 <= self.node_ttl_s <= 60:
+            raise ParameterInvalid("the node TTL must be 1 to 60 seconds")
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     data_dir: Path
     host: str = "127.0.0.1"
@@ -153,6 +177,8 @@ class ServerConfig:
     kafka_advertised_host: str | None = None
     kafka_topic_separator: str = "."
     kafka_initial_rebalance_delay_ms: int = 500
+    # None: the single-node server (metadata in SQL); else a node of a cluster on etcd
+    cluster: ClusterConfig | None = None
 
     def __post_init__(self) -> None:
         if self.parse_processes > 0:

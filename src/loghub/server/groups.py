@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loghub._clock import Clock
 from loghub.coordination.group import ConsumerGroup, ShardView
@@ -31,6 +31,9 @@ from loghub.errors import (
     RecordsLostError,
 )
 from loghub.metadata import Checkpoint, ConsumerGroupDef, MetadataStore, Shard
+
+if TYPE_CHECKING:  # the etcd client loads only in cluster mode
+    from loghub.cluster.etcd_metadata import EtcdMetadataStore
 from loghub.storage import ShardLog, ShardStore
 from loghub.wire.cursor import decode_cursor, encode_cursor
 from loghub.wire.values import json_bool, json_int
@@ -88,7 +91,9 @@ class _LiveView:
 
 
 class GroupService:
-    def __init__(self, metadata: MetadataStore, storage: ShardStore, clock: Clock) -> None:
+    def __init__(
+        self, metadata: MetadataStore | EtcdMetadataStore, storage: ShardStore, clock: Clock
+    ) -> None:
         self._metadata = metadata
         self._storage = storage
         self._clock = clock

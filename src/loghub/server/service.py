@@ -20,7 +20,7 @@ import shutil
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loghub._clock import Clock
 from loghub.errors import (
@@ -47,6 +47,9 @@ from loghub.metadata import (
     Shard,
     parse_hash_key,
 )
+
+if TYPE_CHECKING:  # the etcd client loads only in cluster mode
+    from loghub.cluster.etcd_metadata import EtcdMetadataStore
 from loghub.server.autosplit import AutoSplitMonitor
 from loghub.server.commit import CommitQueue
 from loghub.server.config import ServerConfig
@@ -67,7 +70,7 @@ from loghub.wire.cursor import decode_cursor, encode_cursor
 from loghub.wire.logs import PULL_BYTES_MAX_PARAM, frame_log_group, split_log_group_list
 from loghub.wire.values import json_bool, json_int, parse_decimal
 
-__all__ = ["LogHubService", "Offload", "PullResult"]
+__all__ = ["LogHubService", "Offload", "PullResult", "RemoteLogs"]
 
 # Runs a blocking call off the event loop (the server's storage threads).
 Offload = Callable[..., Awaitable[Any]]
@@ -124,7 +127,13 @@ class LogHubService:
             open_files_max,
         )
         self.metrics = ServerMetrics()
-        self.metadata = MetadataStore.open(config.metadata_url(), clock)
+        self.metadata: MetadataStore | EtcdMetadataStore
+        if config.cluster is None:
+            self.metadata = MetadataStore.open(config.metadata_url(), clock)
+        else:
+            from loghub.cluster.etcd_metadata import EtcdMetadataStore
+
+            self.metadata = EtcdMetadataStore.open(config.cluster.url, clock)
         self.storage = ShardStore(
             config.data_dir / "shards",
             StorageConfig(
@@ -154,6 +163,9 @@ class LogHubService:
         self._commits: CommitQueue | None = None
         self._lb: dict[tuple[str, str], _LbBalance] = {}
         self._commits_lock = threading.Lock()
+        # In a cluster: the shard logs that live on other nodes (set by the front end), so a
+        # merge of two shards on two nodes seals both
+        self.remote_logs: RemoteLogs | None = None
 
     def close(self) -> None:
         with self._commits_lock:
@@ -678,18 +690,55 @@ class LogHubService:
         checkpoint = Checkpoint(shard_id, cursor, consumer, self.clock.wall_ms() * 1000)
         catalog.save_checkpoint(project, logstore, group, checkpoint)
 
+    # -- the cluster's view of this node's logs (``loghub.cluster.node.LocalLogs``) ----------
+
+    def unseal_log(self, project: str, logstore: str, shard_id: int) -> None:
+        """Undoes ``seal_log`` when the change that sealed it was not committed."""
+        store = self.metadata.get_logstore(project, logstore)
+        self.storage.shard(store.storage_key, shard_id).unseal()
+
+    def seal_log(self, project: str, logstore: str, shard_id: int) -> int:
+        """Seals this node's log of a shard for good (a hand-over, or a shard succeeded
+        while this node was away); returns its end."""
+        store = self.metadata.get_logstore(project, logstore)
+        return self.storage.shard(store.storage_key, shard_id).seal()
+
+
+class RemoteLogs(Protocol):
+    """Shard logs on other nodes of a cluster (blocking calls, from a storage thread)."""
+
+    def is_local(self, project: str, logstore: str, shard_id: int) -> bool: ...
+
+    def seal(self, project: str, logstore: str, shard_id: int) -> int: ...
+
+    def unseal(self, project: str, logstore: str, shard_id: int) -> None: ...
+
 
 class _Sealer:
-    """Seals shard logs of one logstore for the metadata store's split and merge."""
+    """Seals shard logs of one logstore for the metadata store's split and merge: here, or
+    on the node that holds the log."""
 
     def __init__(self, service: LogHubService, store: Logstore) -> None:
         self._service = service
         self._store = store
 
+    def _remote(self, shard_id: int) -> RemoteLogs | None:
+        remote = self._service.remote_logs
+        if remote is None or remote.is_local(self._store.project, self._store.name, shard_id):
+            return None
+        return remote
+
     def seal(self, shard_id: int) -> int:
+        remote = self._remote(shard_id)
+        if remote is not None:
+            return remote.seal(self._store.project, self._store.name, shard_id)
         return self._service.storage.shard(self._store.storage_key, shard_id).seal()
 
     def unseal(self, shard_id: int) -> None:
+        remote = self._remote(shard_id)
+        if remote is not None:
+            remote.unseal(self._store.project, self._store.name, shard_id)
+            return
         self._service.storage.shard(self._store.storage_key, shard_id).unseal()
 
 

@@ -1,0 +1,253 @@
+"""A node's part in the cluster: its lease, its view of who owns what, its hand-overs.
+
+``NodeAgent`` runs inside ``loghub serve --cluster``. It
+
+- keeps the node's membership lease (``membership.NodeMembership``) and campaigns for the
+  controller role, running ``controller.Controller`` while it holds it;
+- keeps a view of the live nodes and of every logstore's placement record, from a watch on
+  etcd, so routing a request to a shard's owner costs a dictionary lookup;
+- carries out the hand-overs the controller asks of it: seals its log of the shard, commits
+  the succession in the catalog with the log's end, and records the child's new owner;
+- seals, when it starts, the logs of its shards that the controller succeeded while the node
+  was gone, and records their ends, so those shards' data is readable again and finished.
+
+While the node's lease is not known to be alive (``alive`` False), the node must not accept
+writes: the controller may already have given its shards' ranges to other nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from loghub.cluster.controller import (
+    PLACEMENT_PREFIX,
+    Catalog,
+    Controller,
+    PlacementRecord,
+    placement_key,
+    read_placements,
+)
+from loghub.cluster.etcd_store import EtcdStore
+from loghub.cluster.membership import (
+    NODES_PREFIX,
+    ControllerRole,
+    NodeInfo,
+    NodeMembership,
+    read_nodes,
+)
+from loghub.errors import ControlPlaneError, LogHubError
+
+__all__ = ["LocalLogs", "NodeAgent"]
+
+log = logging.getLogger("loghub.cluster")
+
+
+class LocalLogs(Protocol):
+    """What the agent needs of the node's own storage (blocking; run in a thread)."""
+
+    def seal_log(self, project: str, logstore: str, shard_id: int) -> int:
+        """Seals the node's log of a shard for good; returns its end sequence."""
+        ...
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        store: EtcdStore,
+        info: NodeInfo,
+        catalog: Catalog,
+        local: LocalLogs,
+        ttl_s: int = 3,
+        round_interval_s: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.local = local
+        self.ttl_s = ttl_s
+        self.round_interval_s = round_interval_s
+        self.membership = NodeMembership(store, info, ttl_s=ttl_s)
+        self.role = ControllerRole(self.membership)
+        self.controller = Controller(store, self.role, catalog, round_interval_s)
+        self._stopping = False
+        self.nodes: dict[str, NodeInfo] = {}
+        self.placements: dict[tuple[str, str], PlacementRecord] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._handing_over: set[tuple[str, str, int]] = set()
+        self.on_change: Callable[[], None] | None = None
+
+    @property
+    def node_id(self) -> str:
+        return self.membership.info.node_id
+
+    @property
+    def alive(self) -> bool:
+        return self.membership.alive
+
+    @property
+    def is_controller(self) -> bool:
+        return self.role.held
+
+    async def start(self) -> None:
+        await self.membership.start()
+        self.nodes = await read_nodes(self.store)
+        self.placements = await read_placements(self.store)
+        self._tasks = [
+            asyncio.create_task(self._watch(NODES_PREFIX, self._reload_nodes)),
+            asyncio.create_task(self._watch(PLACEMENT_PREFIX, self._reload_placements)),
+            asyncio.create_task(self._run_controller()),
+            asyncio.create_task(self._stay_member()),
+        ]
+        await self._act_on_placements()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.membership.stop()
+
+    # --- the view -----------------------------------------------------------------------
+
+    def owner(self, project: str, logstore: str, shard_id: int) -> NodeInfo | None:
+        """The node holding a shard's log, if it is placed and its node is alive."""
+        record = self.placements.get((project, logstore))
+        node_id = record.owners.get(shard_id) if record else None
+        return self.nodes.get(node_id) if node_id is not None else None
+
+    def owner_id(self, project: str, logstore: str, shard_id: int) -> str | None:
+        record = self.placements.get((project, logstore))
+        return record.owners.get(shard_id) if record else None
+
+    def controller_node(self) -> NodeInfo | None:
+        """The controller (the coordinator of consumer groups), from the last view."""
+        for node in self.nodes.values():
+            if node.node_id == self._controller_id:
+                return node
+        return None
+
+    _controller_id: str | None = None
+
+    async def _watch(self, prefix: str, reload: Callable[[], object]) -> None:
+        while True:
+            try:
+                async for _event in self.store.watch_prefix(prefix):
+                    await reload()  # type: ignore[misc]
+            except ControlPlaneError as exc:
+                log.warning("watch of %s broke (%s); reading again", prefix, exc)
+            await asyncio.sleep(0.2)
+            with contextlib.suppress(ControlPlaneError):
+                await reload()  # type: ignore[misc]
+
+    async def _reload_nodes(self) -> None:
+        self.nodes = await read_nodes(self.store)
+        current = await self.role.current()
+        self._controller_id = current.value.decode() if current else None
+        if self.on_change:
+            self.on_change()
+
+    async def _reload_placements(self) -> None:
+        self.placements = await read_placements(self.store)
+        if self.on_change:
+            self.on_change()
+        await self._act_on_placements()
+
+    async def _run_controller(self) -> None:
+        while True:
+            if not self.membership.lost.is_set():
+                try:
+                    await self.controller.run()
+                except (ControlPlaneError, LogHubError) as exc:
+                    log.warning("controller stopped: %s", exc)
+            await asyncio.sleep(0.5)
+
+    async def _stay_member(self) -> None:
+        """A node whose lease ended while it ran (a pause, a cut to etcd) joins again with a
+        new lease, as a node that returns: the cluster succeeded its writable shards
+        meanwhile, and it seals those logs and records their ends."""
+        while True:
+            await self.membership.lost.wait()
+            if self._stopping:
+                return
+            log.error("node %s: lost its lease; joining the cluster again", self.node_id)
+            while True:
+                membership = NodeMembership(self.store, self.membership.info, ttl_s=self.ttl_s)
+                try:
+                    await membership.start()
+                    break
+                except (ControlPlaneError, LogHubError) as exc:
+                    log.warning("node %s: joining again failed: %s", self.node_id, exc)
+                    await asyncio.sleep(self.ttl_s / 3)
+            self.membership = membership
+            self.role = ControllerRole(membership)
+            self.controller = Controller(self.store, self.role, self.catalog,
+                                         self.round_interval_s)  # fmt: skip
+            await self._act_on_placements()
+
+    # --- hand-overs ---------------------------------------------------------------------
+
+    async def _act_on_placements(self) -> None:
+        if not self.alive:
+            return  # the cluster may have moved on without this node: it acts on nothing
+        for (project, logstore), record in list(self.placements.items()):
+            await self._record_ends(project, logstore, record)
+            for shard_id, target in record.handover.items():
+                if record.owners.get(shard_id) != self.node_id:
+                    continue
+                key = (project, logstore, shard_id)
+                if key in self._handing_over:
+                    continue
+                self._handing_over.add(key)
+                try:
+                    await self._hand_over(project, logstore, shard_id, target)
+                except (ControlPlaneError, LogHubError) as exc:
+                    log.warning("hand-over of %s failed (%s); the next change retries", key, exc)
+                finally:
+                    self._handing_over.discard(key)
+
+    async def _record_ends(self, project: str, logstore: str, record: PlacementRecord) -> None:
+        """Seals this node's logs of shards the controller succeeded while the node was gone
+        (read-only, end unknown) and records their ends, so their data reads again."""
+        mine = {k for k, v in record.owners.items() if v == self.node_id}
+        if not mine:
+            return
+        try:
+            shards = await asyncio.to_thread(self.catalog.list_shards, project, logstore)
+        except LogHubError:
+            return  # deleted meanwhile
+        for shard in shards:
+            if shard.shard_id in mine and shard.status == "readonly" and shard.end_seq is None:
+                end_seq = await asyncio.to_thread(
+                    self.local.seal_log, project, logstore, shard.shard_id
+                )
+                await asyncio.to_thread(
+                    self.catalog.record_end, project, logstore, shard.shard_id, end_seq
+                )
+                log.info("%s/%s shard %d: sealed at %d on return", project, logstore,
+                         shard.shard_id, end_seq)  # fmt: skip
+
+    async def _hand_over(self, project: str, logstore: str, shard_id: int, target: str) -> None:
+        end_seq = await asyncio.to_thread(self.local.seal_log, project, logstore, shard_id)
+        child = await asyncio.to_thread(
+            self.catalog.succeed_shard, project, logstore, shard_id, end_seq
+        )
+        log.info(
+            "%s/%s shard %d sealed at %d; shard %d takes its range on %s",
+            project, logstore, shard_id, end_seq, child.shard_id, target,
+        )  # fmt: skip
+        key = placement_key(project, logstore)
+        while True:
+            entry = await self.store.get(key)
+            if entry is None:
+                return
+            record = PlacementRecord.decode(project, logstore, entry.value, entry.mod_revision)
+            owners = {**record.owners, child.shard_id: target}
+            handover = {k: v for k, v in record.handover.items() if k != shard_id}
+            updated = PlacementRecord(project, logstore, owners, handover, entry.mod_revision)
+            if await self.store.compare_and_swap(key, updated.encode(), entry.mod_revision):
+                return

@@ -1,0 +1,66 @@
+"""What `loghub cluster status` and `loghub node drain` read and write in etcd.
+
+The status is read from etcd alone (no node is asked), so it answers while nodes are down:
+the live nodes with their racks and drain marks, the controller, the shards each node holds,
+and the shards whose node is gone (unavailable: with one replica their logs wait for it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loghub.cluster.controller import read_placements
+from loghub.cluster.etcd_store import EtcdStore
+from loghub.cluster.membership import CONTROLLER_KEY, DRAIN_PREFIX, read_nodes
+
+__all__ = ["cluster_status", "set_drain"]
+
+
+async def cluster_status(url: str) -> dict[str, Any]:
+    async with EtcdStore(url) as store:
+        nodes = await read_nodes(store)
+        controller = await store.get(CONTROLLER_KEY)
+        placements = await read_placements(store)
+        drains = sorted(
+            e.key.removeprefix(DRAIN_PREFIX) for e in await store.get_prefix(DRAIN_PREFIX)
+        )
+    held: dict[str, int] = {node_id: 0 for node_id in nodes}
+    unavailable = []
+    moving = []
+    for (project, logstore), record in sorted(placements.items()):
+        for shard_id, owner in sorted(record.owners.items()):
+            if owner in nodes:
+                held[owner] += 1
+            else:
+                unavailable.append(
+                    {"project": project, "logstore": logstore, "shard": shard_id, "node": owner}
+                )
+        for shard_id, target in sorted(record.handover.items()):
+            moving.append(
+                {"project": project, "logstore": logstore, "shard": shard_id, "to": target}
+            )
+    return {
+        "controller": controller.value.decode() if controller else None,
+        "controller_epoch": controller.create_revision if controller else None,
+        "nodes": [
+            {
+                "node": node.node_id,
+                "advertise": node.advertise,
+                "rack": node.rack,
+                "draining": node.draining,
+                "shards": held[node.node_id],
+            }
+            for node in sorted(nodes.values(), key=lambda n: n.node_id)
+        ],
+        "drains": drains,
+        "unavailable_shards": unavailable,
+        "handovers": moving,
+    }
+
+
+async def set_drain(url: str, node_id: str, draining: bool) -> None:
+    async with EtcdStore(url) as store:
+        if draining:
+            await store.put(DRAIN_PREFIX + node_id, b"")
+        else:
+            await store.delete(DRAIN_PREFIX + node_id)

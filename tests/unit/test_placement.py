@@ -1,0 +1,99 @@
+"""The controller's placement rule: every shard placed, counts even, few moves, racks spread."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from loghub.coordination.placement import NodeSlot, ShardRef, moves, place
+
+
+def shards_of(*logstores: tuple[str, int]) -> list[ShardRef]:
+    return [("p", name, i) for name, count in logstores for i in range(count)]
+
+
+def test_shards_spread_evenly_over_three_nodes() -> None:
+    nodes = [NodeSlot("a"), NodeSlot("b"), NodeSlot("c")]
+    placement = place(shards_of(("s", 10)), nodes, {})
+    assert sorted(Counter(placement.values()).values()) == [3, 3, 4]
+
+
+def test_a_dead_node_shards_go_to_the_others_and_nothing_else_moves() -> None:
+    shards = shards_of(("s", 9))
+    three = [NodeSlot("a"), NodeSlot("b"), NodeSlot("c")]
+    before = place(shards, three, {})
+    after = place(shards, three[:2], before)  # c's lease expired
+    changed = moves(before, after)
+    assert {old for old, _new in changed.values()} == {"c"}
+    assert len(changed) == 3
+    assert sorted(Counter(after.values()).values()) == [4, 5]
+
+
+def test_a_joining_node_takes_only_its_share() -> None:
+    shards = shards_of(("s", 12))
+    before = place(shards, [NodeSlot("a"), NodeSlot("b")], {})
+    after = place(shards, [NodeSlot("a"), NodeSlot("b"), NodeSlot("c")], before)
+    changed = moves(before, after)
+    assert len(changed) == 4 and all(new == "c" for _old, new in changed.values())
+
+
+def test_a_draining_node_gives_up_every_shard() -> None:
+    shards = shards_of(("s", 6))
+    nodes = [NodeSlot("a"), NodeSlot("b"), NodeSlot("c")]
+    before = place(shards, nodes, {})
+    after = place(shards, [NodeSlot("a"), NodeSlot("b"), NodeSlot("c", draining=True)], before)
+    assert "c" not in after.values() and len(after) == 6
+    assert all(old == "c" for old, _new in moves(before, after).values())
+
+
+def test_no_node_to_take_shards_places_nothing() -> None:
+    assert place(shards_of(("s", 3)), [NodeSlot("a", draining=True)], {}) == {}
+
+
+def test_racks_spread_each_logstore() -> None:
+    nodes = [NodeSlot("a1", "r1"), NodeSlot("a2", "r1"), NodeSlot("b1", "r2"), NodeSlot("b2", "r2")]
+    placement = place(shards_of(("x", 4), ("y", 2)), nodes, {})
+    rack = {n.node_id: n.rack for n in nodes}
+    for logstore, count in (("x", 4), ("y", 2)):
+        per_rack = Counter(rack[placement[("p", logstore, i)]] for i in range(count))
+        assert sorted(per_rack.values()) == [count // 2, count // 2], (logstore, per_rack)
+
+
+node_ids = st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=8, unique=True)
+
+
+@given(
+    shard_count=st.integers(0, 60),
+    before_ids=node_ids,
+    after_ids=node_ids,
+    racks=st.integers(1, 3),
+    draining=st.sets(st.sampled_from("abcdefgh")),
+)
+def test_placement_rules_hold_for_any_change(
+    shard_count: int, before_ids: list[str], after_ids: list[str], racks: int, draining: set[str]
+) -> None:
+    shards = shards_of(("s", shard_count // 2), ("t", shard_count - shard_count // 2))
+    rack_of = {n: f"r{ord(n) % racks}" for n in "abcdefgh"}
+    before = place(shards, [NodeSlot(n, rack_of[n]) for n in before_ids], {})
+    nodes = [NodeSlot(n, rack_of[n], draining=n in draining) for n in after_ids]
+    after = place(shards, nodes, before)
+    takers = {n.node_id for n in nodes if not n.draining}
+    if not takers:
+        assert after == {}
+        return
+    # rule 1: every shard placed, only on nodes that take shards
+    assert set(after) == set(shards) and set(after.values()) <= takers
+    # rule 2: even counts
+    counts = Counter({n: 0 for n in takers}) + Counter(after.values())
+    counts.update({n: 0 for n in takers})
+    assert max(counts.values()) - min(counts.values()) <= 1
+    # rule 3: a shard on a node that may keep it and is not over its share stays
+    floor = len(shards) // len(takers)
+    kept_before = Counter(owner for owner in before.values() if owner in takers)
+    for shard, owner in before.items():
+        if owner in takers and kept_before[owner] <= floor:
+            assert after[shard] == owner
+    # and placing again changes nothing
+    assert place(shards, nodes, after) == after
