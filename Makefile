@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow chaos bench lint setup system-deps clean
+.PHONY: run test test-slow chaos bench cluster-demo lint setup system-deps clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,11 @@ chaos: $(STAMP) system-deps
 BENCH_MINUTES ?= 20
 bench: $(STAMP) system-deps
 	$(PY) benchmarks/run_all.py --minutes $(BENCH_MINUTES) $(BENCH_ARGS)
+
+# Three etcd members and three LogHub nodes on loopback ports: writes and a consumer group
+# across them, a node killed and its shards moved (docs/cluster.md); everything stopped by PID.
+cluster-demo: $(STAMP) system-deps
+	$(PY) scripts/cluster_demo.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

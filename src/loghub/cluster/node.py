@@ -33,6 +33,7 @@ from loghub.cluster.controller import (
 )
 from loghub.cluster.etcd_store import EtcdStore
 from loghub.cluster.membership import (
+    CONTROLLER_KEY,
     NODES_PREFIX,
     ControllerRole,
     NodeInfo,
@@ -93,10 +94,11 @@ class NodeAgent:
 
     async def start(self) -> None:
         await self.membership.start()
-        self.nodes = await read_nodes(self.store)
+        await self._reload_nodes()
         self.placements = await read_placements(self.store)
         self._tasks = [
             asyncio.create_task(self._watch(NODES_PREFIX, self._reload_nodes)),
+            asyncio.create_task(self._watch(CONTROLLER_KEY, self._reload_nodes)),
             asyncio.create_task(self._watch(PLACEMENT_PREFIX, self._reload_placements)),
             asyncio.create_task(self._run_controller()),
             asyncio.create_task(self._stay_member()),

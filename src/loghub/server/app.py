@@ -290,6 +290,8 @@ class LogHubApp:
                 self.config.keys,
             )
             self.service.remote_logs = self._cluster
+            routing = self._cluster
+            self.service.groups.is_remote = lambda p, ls, s: not routing.is_local(p, ls, s)
         self._lb_turn = itertools.count()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

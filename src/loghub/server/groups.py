@@ -97,6 +97,8 @@ class GroupService:
         self._metadata = metadata
         self._storage = storage
         self._clock = clock
+        # In a cluster: whether a shard's log lives on another node (set by the front end)
+        self.is_remote: Callable[[str, str, int], bool] | None = None
         self._lock = threading.Lock()
         self._live: dict[GroupKey, _LiveGroup] = {}
         # groups defined before this process started lost their assignments with it
@@ -188,7 +190,8 @@ class GroupService:
             position = decode_cursor(cursor)
         except InvalidCursor as exc:
             raise InvalidShardCheckPoint(f"checkpoint {cursor!r} is not a cursor") from exc
-        if position > self._shard_log(project, logstore, shard).end_seq:
+        local = self._local(project, logstore, shard)
+        if local is not None and position > local.end_seq:
             raise InvalidShardCheckPoint(f"checkpoint {cursor!r} is past the end of the shard")
         live = self._live_group(project, logstore, name)
         if not force:
@@ -250,9 +253,14 @@ class GroupService:
         for shard in self._metadata.list_shards(project, logstore):
             checkpoint = saved.get(shard.shard_id)
             cursor = checkpoint.cursor if checkpoint is not None else ""
-            shard_log = self._shard_log(project, logstore, shard)
-            begin_seq, end_seq = shard_log.begin_seq, shard_log.end_seq
+            shard_log = self._local(project, logstore, shard)
+            if shard_log is not None:
+                begin_seq, end_seq = shard_log.begin_seq, shard_log.end_seq
+            else:  # on another node of a cluster: what the metadata knows
+                begin_seq = 0
+                end_seq = shard.end_seq if shard.end_seq is not None else 0
             position = max(begin_seq, decode_cursor(cursor)) if cursor else begin_seq
+            end_seq = max(end_seq, position)
             lag = max(0, end_seq - position)
             result.append(
                 GroupShardStatus(
@@ -263,7 +271,7 @@ class GroupService:
                     position,
                     end_seq,
                     lag,
-                    _lag_s(shard_log, position, end_seq) if lag else 0.0,
+                    _lag_s(shard_log, position, end_seq) if lag and shard_log else 0.0,
                     begin_seq,
                     shard.status,
                     checkpoint.update_time_us if checkpoint is not None else 0,
@@ -343,6 +351,13 @@ class GroupService:
         store = self._metadata.get_logstore(project, logstore)
         return self._storage.shard(store.storage_key, shard.shard_id)
 
+    def _local(self, project: str, logstore: str, shard: Shard) -> ShardLog | None:
+        """The shard's log, or None when it lives on another node of a cluster (whose
+        group coordinator this node is): its end and retention are that node's to know."""
+        if self.is_remote is not None and self.is_remote(project, logstore, shard.shard_id):
+            return None
+        return self._shard_log(project, logstore, shard)
+
     def _shard_views(self, project: str, logstore: str, name: str) -> list[ShardView]:
         saved = self._metadata.consumer_groups(project, logstore).checkpoints(
             project, logstore, name
@@ -351,7 +366,8 @@ class GroupService:
         for shard in self._metadata.list_shards(project, logstore):
             finished = False
             if shard.status == "readonly" and shard.end_seq is not None:
-                begin_seq = self._shard_log(project, logstore, shard).begin_seq
+                local = self._local(project, logstore, shard)
+                begin_seq = local.begin_seq if local is not None else 0
                 checkpoint = saved.get(shard.shard_id)
                 position = begin_seq
                 if checkpoint is not None and checkpoint.cursor:
