@@ -697,6 +697,7 @@ class LogHubApp:
         project = call.need_project()
         _refuse_selectors(call, {"POST": "action", "GET": "type"}.get(call.method, ""))
         if self._cluster is not None:
+            await self._cluster_placed(project, logstore, target)
             node, target = self._shard_node(call, project, logstore, target)
             if node is not None:
                 return await self._forward(call, node)
@@ -720,6 +721,16 @@ class LogHubApp:
                 return _json({"cursor_time": cursor_time}, call.request_id)
             raise ParameterInvalid(f"type must be log, cursor or cursor_time, not {kind!r}")
         raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
+
+    async def _cluster_placed(self, project: str, logstore: str, target: str) -> None:
+        """Waits until the shards a request may reach are placed (see ``placed``)."""
+        assert self._cluster is not None
+        if target.isdigit():
+            await self._cluster.placed(project, logstore, int(target))
+            return
+        for shard in self.service.metadata.list_shards(project, logstore):
+            if shard.status == "readwrite":
+                await self._cluster.placed(project, logstore, shard.shard_id)
 
     def _shard_node(
         self, call: _Call, project: str, logstore: str, target: str

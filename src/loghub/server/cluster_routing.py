@@ -41,6 +41,8 @@ _NOT_FORWARDED = {
     "upgrade", "content-length",
 }  # fmt: skip
 _NOT_RETURNED = _NOT_FORWARDED | {"date", "server"}
+# how long a request for a shard not placed yet waits for the controller to place it
+placement_wait_s = 3.0
 
 
 class ClusterRouting:
@@ -123,6 +125,17 @@ class ClusterRouting:
                 " now; its logs are readable again when the node returns"
             )
         return node
+
+    async def placed(self, project: str, logstore: str, shard_id: int) -> None:
+        """Waits, up to ``placement_wait_s``, until a shard has an owner: a logstore just
+        created, or a split's children, are placed by the controller within milliseconds,
+        and a client should not see the moment in between."""
+        assert self.agent is not None
+        deadline = time.monotonic() + placement_wait_s
+        while (
+            self.agent.owner_id(project, logstore, shard_id) is None and time.monotonic() < deadline
+        ):
+            await asyncio.sleep(0.01)
 
     def local_writable(self, project: str, logstore: str, writable: list[int]) -> list[int]:
         """The shards among ``writable`` that this node owns."""
