@@ -226,7 +226,7 @@ def test_batches_we_build_are_read_by_kafka_python_and_by_us(
     assert ours.records == records
 
 
-@pytest.mark.parametrize("codec", [1, 3, 4])
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
 def test_compressed_batches_from_kafka_python_are_read(codec: int) -> None:
     builder = DefaultRecordBatchBuilder(
         magic=2, compression_type=codec, is_transactional=False, producer_id=-1,
@@ -240,17 +240,51 @@ def test_compressed_batches_from_kafka_python_are_read(codec: int) -> None:
     assert [r.value for r in batch.records] == [b"value %d " % i * 20 for i in range(50)]
 
 
-def test_snappy_legacy_magic_and_bad_crc_are_refused_clearly() -> None:
-    data = bytearray(build_batch(0, [Record(1, None, b"v")]))
-    snappy = bytearray(data)
-    snappy[22] |= 2
-    with pytest.raises(CorruptBatch):  # the attributes are under the CRC
-        parse_batches(bytes(snappy), 1 << 20)
+def _with_codec(data: bytes, codec: int, body: bytes) -> bytes:
+    """``data``'s batch with its records replaced by ``body`` under ``codec``, CRC fixed."""
     import crc32c
 
-    snappy[17:21] = crc32c.crc32c(bytes(snappy[21:])).to_bytes(4, "big")
-    with pytest.raises(UnsupportedCompression, match="snappy"):
-        parse_batches(bytes(snappy), 1 << 20)
+    batch = bytearray(data[:61]) + body
+    batch[22] = (batch[22] & ~0x07) | codec
+    batch[8:12] = (len(batch) - 12).to_bytes(4, "big")
+    batch[17:21] = crc32c.crc32c(bytes(batch[21:])).to_bytes(4, "big")
+    return bytes(batch)
+
+
+def test_snappy_raw_and_xerial_framed_are_read_and_a_bomb_is_refused() -> None:
+    import cramjam
+
+    records = [Record(i, None, b"value %d " % i * 30) for i in range(40)]
+    data = build_batch(0, records)
+    plain = data[61:]
+    raw = bytes(cramjam.snappy.compress_raw(plain))
+    half = len(plain) // 2
+    xerial = b"\x82SNAPPY\x00" + (1).to_bytes(4, "big") + (1).to_bytes(4, "big")
+    for part in (plain[:half], plain[half:]):
+        block = bytes(cramjam.snappy.compress_raw(part))
+        xerial += len(block).to_bytes(4, "big") + block
+    for body in (raw, xerial):
+        (batch,) = parse_batches(_with_codec(data, 2, body), 1 << 20)
+        assert batch.records == records
+    with pytest.raises(CorruptBatch, match="more than"):
+        parse_batches(_with_codec(data, 2, raw), len(plain) - 1)
+    with pytest.raises(CorruptBatch):  # not snappy at all
+        parse_batches(_with_codec(data, 2, plain), 1 << 20)
+    with pytest.raises(CorruptBatch):  # a block longer than the batch
+        parse_batches(_with_codec(data, 2, xerial[:-5]), 1 << 20)
+
+
+def test_an_unknown_codec_legacy_magic_and_bad_crc_are_refused_clearly() -> None:
+    data = bytearray(build_batch(0, [Record(1, None, b"v")]))
+    odd = bytearray(data)
+    odd[22] |= 5
+    with pytest.raises(CorruptBatch):  # the attributes are under the CRC
+        parse_batches(bytes(odd), 1 << 20)
+    import crc32c
+
+    odd[17:21] = crc32c.crc32c(bytes(odd[21:])).to_bytes(4, "big")
+    with pytest.raises(UnsupportedCompression):
+        parse_batches(bytes(odd), 1 << 20)
     legacy = bytearray(data)
     legacy[16] = 1
     with pytest.raises(UnsupportedMagic):

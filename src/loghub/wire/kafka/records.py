@@ -22,8 +22,8 @@ Each record: ``length, attributes int8, timestampDelta, offsetDelta, keyLength, 
 valueLength, value, headerCount, (keyLength, key, valueLength, value)*`` where every length
 and delta is a zigzag varint and -1 means null.
 
-Compression: gzip, lz4 (frame) and zstd are read; snappy is refused with
-``UnsupportedCompression`` because no snappy library is a dependency. Decompression is
+Compression: gzip, snappy (raw, as librdkafka writes it, or in the xerial framing of the Java
+client's SnappyOutputStream), lz4 (frame) and zstd are read. Decompression is
 bounded by ``bytes_max`` so a small batch cannot claim gigabytes. Batches written here are
 uncompressed, with CreateTime.
 
@@ -37,6 +37,7 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
+import cramjam
 import crc32c
 import lz4.frame
 import zstandard
@@ -219,6 +220,8 @@ def _decompress(codec: int, data: bytes, bytes_max: int) -> bytes:
         if codec == 1:
             inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
             out = inflater.decompress(data, bytes_max + 1)
+        elif codec == 2:
+            out = _snappy(data, bytes_max)
         elif codec == 3:
             out = lz4.frame.LZ4FrameDecompressor().decompress(data, max_length=bytes_max + 1)
         elif codec == 4:
@@ -229,11 +232,42 @@ def _decompress(codec: int, data: bytes, bytes_max: int) -> bytes:
                 f"compression {CODEC_NAMES.get(codec, codec)} is not supported; "
                 "use none, gzip, lz4 or zstd"
             )
-    except (zlib.error, RuntimeError, zstandard.ZstdError, gzip.BadGzipFile) as exc:
+    except (
+        zlib.error, RuntimeError, zstandard.ZstdError, gzip.BadGzipFile,
+        cramjam.DecompressionError, struct.error,
+    ) as exc:  # fmt: skip
         raise CorruptBatch(f"a {CODEC_NAMES[codec]} batch does not decompress") from exc
     if len(out) > bytes_max:
         raise CorruptBatch(f"a batch decompresses to more than {bytes_max} bytes")
     return out
+
+
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER_BYTES = 16  # magic, then version and compatible version (int32 each)
+
+
+def _snappy(data: bytes, bytes_max: int) -> bytes:
+    """Raw snappy, or xerial blocks (each an int32 length and a raw snappy block); every
+    block's declared size is checked against what is left of ``bytes_max`` before it is
+    decompressed."""
+    if not data.startswith(_XERIAL_MAGIC):
+        blocks = [data]
+    else:
+        blocks, pos = [], _XERIAL_HEADER_BYTES
+        while pos < len(data):
+            (length,) = struct.unpack_from(">i", data, pos)
+            if length < 0 or pos + 4 + length > len(data):
+                raise CorruptBatch("a snappy block runs past the end of the batch")
+            blocks.append(data[pos + 4 : pos + 4 + length])
+            pos += 4 + length
+    out, left = [], bytes_max
+    for block in blocks:
+        size = cramjam.snappy.decompress_raw_len(block)
+        if size > left:
+            raise CorruptBatch(f"a batch decompresses to more than {bytes_max} bytes")
+        out.append(bytes(cramjam.snappy.decompress_raw(block)))
+        left -= size
+    return b"".join(out)
 
 
 # -- building --------------------------------------------------------------------------------
