@@ -1,8 +1,10 @@
-"""The one compiled part: the producer's encoder (src/loghub/client/_encode.c).
+"""The compiled parts: the producer's encoder (src/loghub/client/_encode.c) and the Spark
+decoder's log scan (src/loghub/spark/_scan.c).
 
-Everything else is in pyproject.toml. The extension is optional: where no C compiler is
-found, the install goes on and `loghub produce` uses its pure-Python path, which gives the
-same bytes (tests/unit/test_producer.py holds the two to that)."""
+Everything else is in pyproject.toml. The extensions are optional: where no C compiler is
+found, the install goes on and each caller uses its pure-Python path, which gives the same
+answers (tests/unit/test_producer.py and tests/unit/test_spark_decode_native.py hold the
+pairs to that)."""
 
 from setuptools import Extension, setup
 
@@ -13,6 +15,12 @@ setup(
             ["src/loghub/client/_encode.c"],
             optional=True,
             extra_compile_args=["-O2"],
-        )
+        ),
+        Extension(
+            "loghub.spark._scan",
+            ["src/loghub/spark/_scan.c"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        ),
     ]
 )

@@ -48,6 +48,11 @@ from loghub.spark.schema import ContentColumn, arrow_schema
 from loghub.wire.cursor import encode_cursor
 from loghub.wire.logs import parse_log_group_list
 
+try:  # the compiled log scan (setup.py); without a C compiler, the Arrow kernels do the same
+    from loghub.spark import _scan as _native  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the install
+    _native = None
+
 __all__ = [
     "LOGS_PER_CHUNK",
     "DecodeStatistics",
@@ -343,6 +348,60 @@ def _decode_fast(groups: Sequence[Any], first_group: int = 0) -> DecodedLogs:
     logs.append(_PADDING)
     array = pa.array(logs, pa.binary())
     buffer = array.buffers()[2]
+    if _native is not None:
+        time_us, content_offsets, keys, values, uniform = _scan_compiled(
+            buffer, array.buffers()[1], count
+        )
+    else:
+        time_us, content_offsets, keys, values = _scan_with_kernels(array, count)
+        uniform = False
+    if uniform:  # every log has the first log's keys: only those need to be distinct
+        width = content_offsets[1].as_py() if count else 0
+        if len(set(keys.slice(0, width).to_pylist())) != width:
+            raise _NotFast
+    else:
+        _expect_unique_keys(keys, content_offsets)
+    return DecodedLogs(
+        first_group, logs_per_group, topics, sources, tags, time_us, content_offsets, keys, values
+    )
+
+
+def _scan_compiled(buffer: Any, offsets: Any, count: int) -> tuple[Any, Any, Any, Any, bool]:
+    """(time_us, content_offsets, keys, values, uniform) of the ``count`` logs of ``buffer``
+    (log i at ``[offsets[i], offsets[i + 1])``) in one pass of C (``_scan.c``): keys and
+    values are copied into buffers of their own, so no Arrow kernel has to walk the logs
+    round by round. The same answers as ``_scan_with_kernels``, at about a tenth of its
+    time; ``uniform``: every log has the first log's keys, in the same order."""
+    scanned = _native.scan_logs(buffer, offsets, count)
+    if scanned is None:
+        raise _NotFast
+    times, content_offsets, key_offsets, key_data, value_offsets, value_data, uniform = scanned
+    pairs = len(key_offsets) // 4 - 1
+    return (
+        pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(times)]),
+        pa.Array.from_buffers(pa.int32(), count + 1, [None, pa.py_buffer(content_offsets)]),
+        _strings(pairs, key_offsets, key_data),
+        _strings(pairs, value_offsets, value_data),
+        bool(uniform),
+    )
+
+
+def _strings(count: int, offsets: bytes, data: bytes) -> Any:
+    """A string array over the given offsets and bytes; ``_NotFast`` unless valid UTF-8."""
+    binary = pa.Array.from_buffers(
+        pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
+    try:
+        return binary.cast(pa.string())  # checks UTF-8
+    except pa.ArrowInvalid as exc:
+        raise _NotFast from exc
+
+
+def _scan_with_kernels(array: Any, count: int) -> tuple[Any, Any, Any, Any]:
+    """(time_us, content_offsets, keys, values) of the first ``count`` logs of ``array`` (a
+    binary array whose last element is padding), with Arrow kernels only: the path where the
+    compiled scan is not built."""
+    buffer = array.buffers()[2]
     offsets = pa.Array.from_buffers(pa.int32(), count + 2, [None, array.buffers()[1]])
     buffer_bytes = pa.Array.from_buffers(pa.uint8(), buffer.size, [None, buffer])
     # positions are int64 throughout: adding a Python int to an int32 array gives int64
@@ -366,10 +425,7 @@ def _decode_fast(groups: Sequence[Any], first_group: int = 0) -> DecodedLogs:
         pc.if_else(has_ns, pc.divide(nanos, 1000), 0),
     )
     keys, values = _pairs(buffer, buffer_bytes, content_starts, content_ends)
-    _expect_unique_keys(keys, content_offsets)
-    return DecodedLogs(
-        first_group, logs_per_group, topics, sources, tags, time_us, content_offsets, keys, values
-    )
+    return time_us, content_offsets, keys, values
 
 
 def _fixed32(buffer_bytes: Any, positions: Any) -> Any:
