@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py src/loghub/client/_encode.c
+$(STAMP): pyproject.toml setup.py src/loghub/client/_encode.c src/loghub/spark/_scan.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
@@ -41,6 +41,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/ingest.py
 	$(PY) benchmarks/pull.py
 	$(PY) benchmarks/groups.py
+	$(PY) benchmarks/heartbeats.py
+	$(PY) benchmarks/idle_shards.py
 	$(PY) benchmarks/rebalance.py
 	$(PY) benchmarks/spark_source.py
 	$(PY) benchmarks/big_bodies.py
