@@ -1,8 +1,7 @@
 /* The Spark decoder's log scan in one pass of C (see loghub/spark/_decode.py).
 
-scan_logs(data, offsets, count) walks `count` serialized Log messages lying back to back in
-`data`, log i at [offsets[i], offsets[i + 1]) (offsets: int32, native byte order, as in an
-Arrow binary array), under exactly the fast path's assumptions:
+scan_groups(groups) walks the Log messages (field 1) of a sequence of serialized LogGroups
+(bytes), skipping the groups' other fields, under exactly the fast path's assumptions:
 
     log       08 <varint Time, < 2**32>  (12 <varint length> <Content>)*  [25 <fixed32 Time_ns>]
     Content   0A <varint key length> <key>  12 <varint value length> <value>
@@ -12,7 +11,7 @@ that (the caller then takes the protobuf path, which defines the result), else t
 
     (time_us int64[count], content_offsets int32[count + 1],
      key_offsets int32[pairs + 1], key_bytes, value_offsets int32[pairs + 1], value_bytes,
-     uniform)
+     uniform, logs_per_group int32[groups])
 
 as bytes objects, ready to be Arrow buffers: keys and values come out as the offsets and data
 of two binary arrays (UTF-8 is checked by the caller, with Arrow). `uniform` is True when
@@ -112,43 +111,28 @@ static PyObject *new_bytes(Py_ssize_t size, char **data) {
     return bytes;
 }
 
-static PyObject *scan_logs(PyObject *self, PyObject *args) {
-    Py_buffer data, offsets_view;
-    Py_ssize_t count;
+typedef struct {
+    const uint8_t *start;
+    const uint8_t *end;
+} Span;
+
+/* The two passes over `count` logs: the 7-tuple described at the top, None when a log is off
+   the fast path, NULL with an exception set on failure. */
+static PyObject *scan_spans(const Span *logs, Py_ssize_t count) {
     PyObject *result = NULL;
     PyObject *times = NULL, *content_offsets = NULL, *key_offsets = NULL, *keys = NULL;
     PyObject *value_offsets = NULL, *values = NULL;
     Pair *pairs = NULL;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "y*y*n", &data, &offsets_view, &count)) return NULL;
-    const uint8_t *base = (const uint8_t *)data.buf;
-    const int32_t *offsets = (const int32_t *)offsets_view.buf;
-    if (count < 0 || offsets_view.len < (Py_ssize_t)sizeof(int32_t) * (count + 1)) {
-        PyErr_SetString(PyExc_ValueError, "offsets must hold count + 1 int32 entries");
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i <= count; i++) {
-        if (offsets[i] < 0 || offsets[i] > data.len || (i && offsets[i] < offsets[i - 1])) {
-            PyErr_SetString(PyExc_ValueError, "offsets must ascend inside the data");
-            goto done;
-        }
-    }
     /* First pass: check every log and size the outputs. */
     Py_ssize_t pair_count = 0, key_bytes = 0, value_bytes = 0;
     int64_t ignored;
     for (Py_ssize_t i = 0; i < count; i++) {
-        Py_ssize_t n = read_log(base + offsets[i], base + offsets[i + 1], &ignored, NULL,
-                                &key_bytes, &value_bytes);
-        if (n < 0) {
-            result = Py_NewRef(Py_None);
-            goto done;
-        }
+        Py_ssize_t n = read_log(logs[i].start, logs[i].end, &ignored, NULL, &key_bytes,
+                                &value_bytes);
+        if (n < 0) return Py_NewRef(Py_None);
         pair_count += n;
     }
-    if (key_bytes > INT32_MAX || value_bytes > INT32_MAX) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
+    if (key_bytes > INT32_MAX || value_bytes > INT32_MAX) return Py_NewRef(Py_None);
     char *time_data = NULL, *content_data = NULL, *key_offset_data = NULL, *key_data = NULL;
     char *value_offset_data = NULL, *value_data = NULL;
     times = new_bytes(count * (Py_ssize_t)sizeof(int64_t), &time_data);
@@ -174,8 +158,8 @@ static PyObject *scan_logs(PyObject *self, PyObject *args) {
     key_offset_out[0] = 0;
     value_offset_out[0] = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
-        Py_ssize_t n = read_log(base + offsets[i], base + offsets[i + 1], &time_out[i], pairs,
-                                &unused_keys, &unused_values);
+        Py_ssize_t n = read_log(logs[i].start, logs[i].end, &time_out[i], pairs, &unused_keys,
+                                &unused_values);
         assert(n >= 0);
         if (i == 0) {
             width = n;
@@ -184,7 +168,7 @@ static PyObject *scan_logs(PyObject *self, PyObject *args) {
         }
         for (Py_ssize_t j = 0; j < n; j++) {
             if (uniform && i > 0) {
-                Py_ssize_t first_start = j ? key_offset_out[j] : 0;
+                Py_ssize_t first_start = key_offset_out[j];
                 Py_ssize_t first_length = key_offset_out[j + 1] - first_start;
                 uniform = first_length == pairs[j].key_length &&
                           memcmp(key_data + first_start, pairs[j].key, (size_t)first_length) == 0;
@@ -209,15 +193,114 @@ done:
     Py_XDECREF(keys);
     Py_XDECREF(value_offsets);
     Py_XDECREF(values);
-    PyBuffer_Release(&data);
-    PyBuffer_Release(&offsets_view);
+    return result;
+}
+
+/* Steps over one field of wire type `wire_type` at *p; 0 for a group (never in a LogGroup)
+   or a field running past `end`. */
+static int skip_field(const uint8_t **p, const uint8_t *end, unsigned wire_type) {
+    uint64_t length;
+    switch (wire_type) {
+    case 0:
+        return read_varint(p, end, 10, &length);
+    case 1:
+        length = 8;
+        break;
+    case 2:
+        if (!read_varint(p, end, 5, &length)) return 0;
+        break;
+    case 5:
+        length = 4;
+        break;
+    default:
+        return 0;
+    }
+    if (length > (uint64_t)(end - *p)) return 0;
+    *p += length;
+    return 1;
+}
+
+/* Calls back for every Logs field (1, length-delimited) of one serialized LogGroup: with
+   `spans` NULL only counts. Returns the logs found, or -1 when the group is not plain. */
+static Py_ssize_t walk_group(const uint8_t *p, const uint8_t *end, Span *spans) {
+    Py_ssize_t count = 0;
+    while (p < end) {
+        uint64_t key, length;
+        if (!read_varint(&p, end, 5, &key) || (key >> 3) == 0) return -1;
+        if (key == (1 << 3 | 2)) {
+            if (!read_varint(&p, end, 5, &length) || length > (uint64_t)(end - p)) return -1;
+            if (spans != NULL) {
+                spans[count].start = p;
+                spans[count].end = p + length;
+            }
+            p += length;
+            count++;
+        } else if ((key >> 3) == 1 || !skip_field(&p, end, (unsigned)(key & 7))) {
+            return -1;
+        }
+    }
+    return count;
+}
+
+static PyObject *scan_groups(PyObject *self, PyObject *arg) {
+    (void)self;
+    PyObject *groups = PySequence_Fast(arg, "scan_groups takes a sequence of bytes");
+    if (groups == NULL) return NULL;
+    Py_ssize_t group_count = PySequence_Fast_GET_SIZE(groups);
+    PyObject **items = PySequence_Fast_ITEMS(groups);
+    PyObject *result = NULL, *scanned = NULL, *per_group = NULL;
+    Span *spans = NULL;
+    char *per_group_data = NULL;
+    Py_ssize_t log_count = 0;
+    for (Py_ssize_t g = 0; g < group_count; g++) {
+        if (!PyBytes_Check(items[g])) {
+            PyErr_SetString(PyExc_TypeError, "scan_groups takes a sequence of bytes");
+            goto done;
+        }
+        const uint8_t *start = (const uint8_t *)PyBytes_AS_STRING(items[g]);
+        Py_ssize_t n = walk_group(start, start + PyBytes_GET_SIZE(items[g]), NULL);
+        if (n < 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        log_count += n;
+    }
+    spans = PyMem_Malloc(sizeof(Span) * (log_count > 0 ? log_count : 1));
+    per_group = new_bytes(group_count * (Py_ssize_t)sizeof(int32_t), &per_group_data);
+    if (spans == NULL || per_group == NULL) {
+        if (spans == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t at = 0;
+    for (Py_ssize_t g = 0; g < group_count; g++) {
+        const uint8_t *start = (const uint8_t *)PyBytes_AS_STRING(items[g]);
+        Py_ssize_t n = walk_group(start, start + PyBytes_GET_SIZE(items[g]), spans + at);
+        ((int32_t *)per_group_data)[g] = (int32_t)n;
+        at += n;
+    }
+    scanned = scan_spans(spans, log_count);
+    if (scanned == NULL || scanned == Py_None) {
+        result = scanned;
+        scanned = NULL;
+        goto done;
+    }
+    PyObject *tail = PyTuple_Pack(1, per_group);
+    if (tail != NULL) {
+        result = PySequence_Concat(scanned, tail);
+        Py_DECREF(tail);
+    }
+done:
+    PyMem_Free(spans);
+    Py_XDECREF(scanned);
+    Py_XDECREF(per_group);
+    Py_DECREF(groups);
     return result;
 }
 
 static PyMethodDef methods[] = {
-    {"scan_logs", scan_logs, METH_VARARGS,
-     "scan_logs(data, offsets, count) -> (time_us, content_offsets, key_offsets, keys, "
-     "value_offsets, values) as bytes, or None when a log is off the fast path."},
+    {"scan_groups", scan_groups, METH_O,
+     "scan_groups(groups) -> (time_us, content_offsets, key_offsets, keys, value_offsets, "
+     "values, uniform, logs_per_group), or None when a log is off the fast path."},
     {NULL, NULL, 0, NULL},
 };
 
