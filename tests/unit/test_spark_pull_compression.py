@@ -1,12 +1,16 @@
-"""The Spark source's pulls are compressed only where compression saves something: not over
-loopback, where it costs CPU on both ends and saves no bandwidth (no Spark session: the
-option parser is a pure function)."""
+"""The Spark source's connections cost only what they must: pulls are compressed only where
+compression saves something (not over loopback, where it costs CPU on both ends and saves no
+bandwidth), and a plain-http endpoint builds no TLS context (no Spark session: the option
+parser is a pure function)."""
 
 from __future__ import annotations
+
+import ssl
 
 import pytest
 
 from loghub.errors import ParameterInvalid
+from loghub.spark._client import RawPullClient
 from loghub.spark.options import parse_read_options
 
 BASE = {"project": "p", "logstore": "s"}
@@ -44,3 +48,21 @@ def test_pull_compression_can_be_chosen() -> None:
     )
     with pytest.raises(ParameterInvalid, match="pullCompression"):
         parse_read_options({**remote, "pullcompression": "gzip"}, streaming=True)
+
+
+def test_a_plain_http_endpoint_gets_a_client_without_a_tls_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each Spark task opens a client; loading the system's CA bundle for an endpoint that
+    speaks no TLS cost each one 50 to 350 ms."""
+
+    def no_tls_context(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a TLS context was built for a plain-http endpoint")
+
+    monkeypatch.setattr(ssl, "create_default_context", no_tls_context)
+    for endpoint in ("127.0.0.1:7000", "http://logs.example:7000"):
+        options = parse_read_options({**BASE, "endpoint": endpoint}, streaming=False)
+        options.connection.client_of(RawPullClient).close()
+    https = parse_read_options({**BASE, "endpoint": "https://logs.example"}, streaming=False)
+    with pytest.raises(AssertionError, match="TLS context"):
+        https.connection.client()
