@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py src/loghub/client/_encode.c src/loghub/wire/_logcheck.c
+$(STAMP): pyproject.toml setup.py src/loghub/client/_encode.c src/loghub/wire/_logcheck.c \
+		src/loghub/spark/_scan.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'

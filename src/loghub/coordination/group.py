@@ -92,6 +92,10 @@ class _Consumer:
     last_seen_ms: int
     reported: frozenset[int] = frozenset()
     last_reply: frozenset[int] = frozenset()
+    # the group's version after this consumer's last round, when that round changed nothing
+    # (-1 otherwise), and whether it balanced: see ``ConsumerGroup.heartbeat``
+    quiet_version: int = -1
+    quiet_balancing: bool = False
 
 
 class ConsumerGroup:
@@ -111,6 +115,14 @@ class ConsumerGroup:
         self._lineage: tuple[tuple[int, tuple[int, ...]], ...] = ()
         self._order: list[int] = []
         self._synced: tuple[ShardView, ...] | None = None
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """Changes whenever anything a heartbeat round reads may have changed: the consumers,
+        what they report or were told, the shards' states, the shard set, the settings.
+        Equal versions mean equal assignments, so a caller can skip recomputing its view."""
+        return self._version
 
     @property
     def timeout_ms(self) -> int:
@@ -138,6 +150,7 @@ class ConsumerGroup:
                         slot.transition_to(ShardState.NOT_ALLOC)
             self._ordered = ordered
             self._synced = None
+        self._version += 1
         self.expire(now_ms)
 
     def heartbeat(
@@ -168,12 +181,28 @@ class ConsumerGroup:
                     f"consumer group {self.name} has {consumers_per_group_max} consumers already"
                 )
             entry = self._consumers[consumer] = _Consumer(now_ms)
+            self._version += 1
         entry.last_seen_ms = now_ms
-        entry.reported = reported
+        balancing = now_ms >= self._recovering_until_ms
+        if (
+            entry.quiet_version == self._version
+            and entry.quiet_balancing == balancing
+            and reported == entry.reported
+            and (shards is self._synced or tuple(shards) == self._synced)
+        ):
+            # Nothing a round reads has changed since this consumer's last round, and that
+            # round changed nothing: a round now would start from the same state with the
+            # same inputs, so it would change nothing and give the same reply. This is the
+            # steady state of a settled group, and it costs O(held), not O(shards).
+            return sorted(entry.last_reply)
+        if reported != entry.reported:
+            entry.reported = reported
+            self._version += 1
+        version_before = self._version
         self._sync(shards)
         claims = self._claims()
         self._adopt(claims)
-        if now_ms >= self._recovering_until_ms:
+        if balancing:
             self._balance(claims)
         self._complete_transfers(claims)
         reply = sorted(
@@ -181,7 +210,12 @@ class ConsumerGroup:
             for shard_id, slot in self._slots.items()
             if slot.state is ShardState.ALREADY_ALLOC and slot.holder == consumer
         )
-        entry.last_reply = frozenset(reply)
+        if entry.last_reply != frozenset(reply):
+            entry.last_reply = frozenset(reply)
+            self._version += 1
+        changed = self._version != version_before
+        entry.quiet_version = -1 if changed else self._version
+        entry.quiet_balancing = balancing
         return reply
 
     def can_checkpoint(self, consumer: str, shard_id: int) -> bool:
@@ -214,6 +248,7 @@ class ConsumerGroup:
     def _remove(self, gone: set[str]) -> None:
         """Their shards go back to the pool; a hand-off to one of them goes back to the old
         holder."""
+        self._version += 1
         for name in gone:
             del self._consumers[name]
         for slot in self._slots.values():
@@ -270,6 +305,7 @@ class ConsumerGroup:
         if snapshot == self._synced:
             return  # a second pass over the same shards changes nothing
         self._synced = snapshot
+        self._version += 1
         views = {view.shard_id: view for view in shards}
         assert len(views) == len(shards), "shard ids are unique"
         for shard_id in [s for s in self._slots if s not in views]:
@@ -348,7 +384,7 @@ class ConsumerGroup:
                     and slot.state is ShardState.NOT_ALLOC
                     and not self._claimed_by_another(shard_id, name, claims)
                 ):
-                    slot.transition_to(ShardState.ALREADY_ALLOC, holder=name)  # 3
+                    self._move(slot, ShardState.ALREADY_ALLOC, holder=name)  # 3
 
     def _balance(self, claims: dict[int, set[str]]) -> None:
         """Plan every needed move at once; a hand-off counts for its next consumer already."""
@@ -362,12 +398,12 @@ class ConsumerGroup:
             slot = self._slots[shard_id]
             if slot.state is ShardState.NOT_ALLOC:
                 if not self._claimed_by_another(shard_id, consumer, claims):
-                    slot.transition_to(ShardState.ALREADY_ALLOC, holder=consumer)  # 3
+                    self._move(slot, ShardState.ALREADY_ALLOC, holder=consumer)  # 3
             elif slot.holder == consumer:  # a hand-off back to its holder: cancel it
-                slot.transition_to(ShardState.ALREADY_ALLOC, holder=consumer)  # 6
+                self._move(slot, ShardState.ALREADY_ALLOC, holder=consumer)  # 6
             else:
-                slot.transition_to(
-                    ShardState.TRANSFER, holder=slot.holder, next_consumer=consumer
+                self._move(
+                    slot, ShardState.TRANSFER, holder=slot.holder, next_consumer=consumer
                 )  # 5
 
     def _complete_transfers(self, claims: dict[int, set[str]]) -> None:
@@ -376,7 +412,19 @@ class ConsumerGroup:
                 receiver = slot.next_consumer
                 assert receiver is not None
                 if not self._claimed_by_another(shard_id, receiver, claims):
-                    slot.transition_to(ShardState.ALREADY_ALLOC, holder=receiver)  # 6
+                    self._move(slot, ShardState.ALREADY_ALLOC, holder=receiver)  # 6
+
+    def _move(
+        self,
+        slot: ShardSlot,
+        state: ShardState,
+        *,
+        holder: str | None = None,
+        next_consumer: str | None = None,
+    ) -> None:
+        """A transition inside a round, counted in the version."""
+        slot.transition_to(state, holder=holder, next_consumer=next_consumer)
+        self._version += 1
 
 
 def _check_timeout(timeout_ms: int) -> None:

@@ -57,6 +57,14 @@ class _LiveGroup:
     # the last consumer each shard was granted to, kept through a hand-off (when the group
     # grants the shard to nobody for a while): what tells a hand-off from a first grant
     holders: dict[int, str] = field(default_factory=dict)
+    # the group's assignments at ``assignments_version`` (``ConsumerGroup.version``)
+    assignments: dict[str, list[int]] = field(default_factory=dict)
+    assignments_version: int = -1
+    # the shard views of the last heartbeat and the metadata shards they were built from:
+    # while those are the same objects, the views are reused (see ``_shard_views``)
+    shards: list[Shard] = field(default_factory=list)
+    views: tuple[ShardView, ...] = ()
+    readonly: list[tuple[int, Shard]] = field(default_factory=list)  # (index in views, shard)
 
 
 # Told of every heartbeat: the group, whether its assignment changed, how many shards went
@@ -164,10 +172,13 @@ class GroupService:
             raise ParameterInvalid("the query parameter consumer is required")
         live = self._live_group(project, logstore, name)
         with live.lock:
-            views = self._shard_views(project, logstore, name)
-            before = live.group.assignments()
+            views = self._shard_views(project, logstore, name, live)
+            version_before = live.group.version
+            if live.assignments_version != version_before:
+                live.assignments = live.group.assignments()
+                live.assignments_version = version_before
             granted = live.group.heartbeat(consumer, held, views, self._clock.monotonic_ms())
-            self._observe(project, logstore, name, live, before)
+            self._observe(project, logstore, name, live)
             return granted
 
     def update_checkpoint(
@@ -316,18 +327,24 @@ class GroupService:
             "lagSeconds": max((s.lag_s for s in statuses), default=0.0),
         }
 
-    def _observe(
-        self, project: str, logstore: str, name: str, live: _LiveGroup, before: dict[str, list[int]]
-    ) -> None:
-        after = live.group.assignments()
+    def _observe(self, project: str, logstore: str, name: str, live: _LiveGroup) -> None:
+        """Tells the observer whether the heartbeat changed the assignments and how many
+        shards changed hands; ``live.assignments`` holds them from before the heartbeat.
+        A quiet heartbeat leaves the group's version alone, and then nothing is compared."""
+        before = live.assignments
         handoffs = 0
-        for consumer, shard_ids in after.items():
-            for shard_id in shard_ids:
-                previous = live.holders.get(shard_id)
-                handoffs += previous is not None and previous != consumer
-                live.holders[shard_id] = consumer
+        changed = live.assignments_version != live.group.version
+        if changed:
+            after = live.group.assignments()
+            for consumer, shard_ids in after.items():
+                for shard_id in shard_ids:
+                    previous = live.holders.get(shard_id)
+                    handoffs += previous is not None and previous != consumer
+                    live.holders[shard_id] = consumer
+            changed = after != before
+            live.assignments, live.assignments_version = after, live.group.version
         if self.heartbeat_observer is not None:
-            self.heartbeat_observer((project, logstore, name), after != before, handoffs)
+            self.heartbeat_observer((project, logstore, name), changed, handoffs)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -358,23 +375,43 @@ class GroupService:
             return None
         return self._shard_log(project, logstore, shard)
 
-    def _shard_views(self, project: str, logstore: str, name: str) -> list[ShardView]:
+    def _shard_views(
+        self, project: str, logstore: str, name: str, live: _LiveGroup
+    ) -> tuple[ShardView, ...]:
+        """Every shard as the group sees it. The views of the last heartbeat are kept and
+        handed out again, the same tuple, while the shard list is the same: only read-only
+        shards can become finished (by a checkpoint or by retention), so only they are
+        looked at again. At 1,000 shards this is what keeps a heartbeat from costing a
+        thousand objects."""
+        shards = self._metadata.list_shards(project, logstore)
+        if shards != live.shards:  # equal while the metadata holds the same Shard objects
+            live.views = tuple(ShardView(s.shard_id, s.parents, False) for s in shards)
+            live.shards = shards
+            live.readonly = [
+                (index, shard)
+                for index, shard in enumerate(shards)
+                if shard.status == "readonly" and shard.end_seq is not None
+            ]
+        if not live.readonly:
+            return live.views
         saved = self._metadata.consumer_groups(project, logstore).checkpoints(
             project, logstore, name
         )
-        views = []
-        for shard in self._metadata.list_shards(project, logstore):
-            finished = False
-            if shard.status == "readonly" and shard.end_seq is not None:
-                local = self._local(project, logstore, shard)
-                begin_seq = local.begin_seq if local is not None else 0
-                checkpoint = saved.get(shard.shard_id)
-                position = begin_seq
-                if checkpoint is not None and checkpoint.cursor:
-                    position = max(begin_seq, decode_cursor(checkpoint.cursor))
-                finished = position >= shard.end_seq
-            views.append(ShardView(shard.shard_id, shard.parents, finished))
-        return views
+        views = list(live.views)
+        for index, shard in live.readonly:
+            assert shard.end_seq is not None
+            local = self._local(project, logstore, shard)
+            begin_seq = local.begin_seq if local is not None else 0
+            checkpoint = saved.get(shard.shard_id)
+            position = begin_seq
+            if checkpoint is not None and checkpoint.cursor:
+                position = max(begin_seq, decode_cursor(checkpoint.cursor))
+            finished = position >= shard.end_seq
+            if views[index].finished != finished:
+                views[index] = ShardView(shard.shard_id, shard.parents, finished)
+        if views != list(live.views):
+            live.views = tuple(views)
+        return live.views
 
 
 def _lag_s(shard_log: ShardLog, position: int, end_seq: int) -> float:

@@ -33,10 +33,16 @@ class RawPull:
 
 class RawPullClient(LogHubClient):
     def pull_raw(
-        self, project: str, logstore: str, shard_id: int, start_seq: int, end_seq: int
+        self,
+        project: str,
+        logstore: str,
+        shard_id: int,
+        start_seq: int,
+        end_seq: int,
+        compress_type: str = "lz4",
     ) -> RawPull:
         """Groups from ``start_seq`` up to (not including) ``end_seq``, as many as one pull
-        returns."""
+        returns, sent compressed with ``compress_type`` ("" for none)."""
         assert 0 <= start_seq < end_seq, (start_seq, end_seq)
         pull = self.pull_logs_raw(
             project,
@@ -45,17 +51,24 @@ class RawPullClient(LogHubClient):
             encode_cursor(start_seq),
             min(PULL_GROUPS_MAX, end_seq - start_seq),
             encode_cursor(end_seq),
+            compress_type,
         )
         return RawPull(pull.data, pull.count, decode_cursor(pull.next_cursor))
 
     def iter_range(
-        self, project: str, logstore: str, shard_id: int, start_seq: int, end_seq: int
+        self,
+        project: str,
+        logstore: str,
+        shard_id: int,
+        start_seq: int,
+        end_seq: int,
+        compress_type: str = "lz4",
     ) -> Iterator[RawPull]:
         """Every group of ``[start_seq, end_seq)``; ``InvalidCursor`` when the service no
         longer (or does not yet) hold all of them."""
         seq = start_seq
         while seq < end_seq:
-            pull = self.pull_raw(project, logstore, shard_id, seq, end_seq)
+            pull = self.pull_raw(project, logstore, shard_id, seq, end_seq, compress_type)
             if pull.count == 0 or pull.next_seq != seq + pull.count:
                 raise InvalidCursor(
                     f"shard {shard_id}: groups [{seq}, {end_seq}) should be readable, but a "

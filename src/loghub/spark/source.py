@@ -160,6 +160,7 @@ class _Reader:
                 partition.shard_id,
                 partition.start,
                 partition.end,
+                self._options.pull_compression,
             ):
                 pending.append(pull.data)
                 pending_bytes += len(pull.data)

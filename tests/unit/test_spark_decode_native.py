@@ -1,0 +1,139 @@
+"""The Spark decoder's compiled log scan (``spark/_scan.c``) gives the rows its pure-Python
+twin (Arrow kernels) gives, and both give what the protobuf reference path gives, for any
+log group list; a key repeated in a log is still found when every log looks alike.
+
+No Spark session: the decoder is pyarrow and protobuf only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from hypothesis_budget import examples
+
+from loghub.spark import _decode
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _log(time_s: int, time_ns: int | None, pairs: list[tuple[bytes, bytes]], swap: bool) -> bytes:
+    out = _varint(1 << 3) + _varint(time_s)
+    for key, value in pairs:
+        fields = [_field(1, key), _field(2, value)]
+        out += _field(2, b"".join(reversed(fields) if swap else fields))
+    if time_ns is not None:
+        out += bytes([4 << 3 | 5]) + time_ns.to_bytes(4, "little")
+    return out
+
+
+def _group(logs: list[bytes], topic: bytes = b"t") -> bytes:
+    return _field(1, b"".join(_field(1, log) for log in logs) + _field(3, topic))
+
+
+_text = st.text(max_size=8).map(lambda s: s.encode())
+_keys = st.sampled_from([b"a", b"b", b"status", b"", b"\xc3\xa9", b"\xff\xfe"]) | _text
+_values = (
+    _text
+    | st.binary(max_size=6)  # sometimes not UTF-8
+    | st.integers(0, 300).map(lambda n: b"v" * n)  # one- and two-byte lengths
+)
+_logs = st.builds(
+    _log,
+    st.integers(0, 2**32 - 1),
+    st.none() | st.integers(0, 999_999_999),
+    st.lists(st.tuples(_keys, _values), max_size=5),  # a key may come twice in one log
+    st.booleans(),
+)
+# Logs that share their keys (the common case the compiled scan reports as uniform), with
+# values drawn per log.
+_alike = st.builds(
+    lambda keys, values: [
+        _log(1_700_000_000, None, list(zip(keys, row, strict=False)), False) for row in values
+    ],
+    st.lists(_keys, max_size=4),
+    st.lists(st.lists(_values, min_size=4, max_size=4), min_size=1, max_size=5),
+)
+
+
+def _rows(data: bytes) -> list[Any]:
+    return [
+        _decode.to_record_batch(logs, 0, logs.first_group, [None] * len(logs.logs_per_group), ())
+        for logs in _decode.decode(data)
+    ]
+
+
+def _without_compiled_scan(data: bytes) -> list[Any]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_decode, "_native", None)
+        return _rows(data)
+
+
+def _reference(data: bytes) -> Any:
+    logs = _decode._decode_reference(data)
+    return _decode.to_record_batch(logs, 0, 0, [None] * len(logs.logs_per_group), ())
+
+
+def _same(batches: list[Any], reference: Any) -> bool:
+    joined = pa.Table.from_batches(batches, schema=reference.schema) if batches else None
+    return joined is not None and joined.equals(pa.Table.from_batches([reference]))
+
+
+def test_the_compiled_scan_is_built_and_takes_ordinary_logs() -> None:
+    assert _decode._native is not None, "build it: python setup.py build_ext --inplace"
+    data = _group([_log(1_700_000_000, 5000, [(b"a", b"1"), (b"b", b"2")], False)] * 3)
+    assert _decode._native.scan_groups([])[6] is True  # no logs: trivially uniform
+    assert _decode._native.scan_groups([b"\x0a\x02\x08"]) is None  # a log cut short
+    before = _decode.statistics().fast
+    (batch,) = _rows(data)
+    assert _decode.statistics().fast == before + 1
+    assert batch.column("contents").to_pylist() == [[("a", "1"), ("b", "2")]] * 3
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(st.lists(st.lists(_logs, max_size=5).map(_group), min_size=1, max_size=3))
+@example([_group([_log(1, None, [(b"k", b"1"), (b"k", b"2")], False)] * 2)])
+@example([_group([_log(1, None, [(b"a", b"1"), (b"b", b"2")], False)] * 2)])
+@example([_group([_log(1, None, [(b"a", b"1")], False), _log(1, None, [(b"b", b"1")], False)])])
+def test_compiled_and_kernel_scans_give_the_reference_rows(group_list: list[bytes]) -> None:
+    data = b"".join(group_list)
+    reference = _reference(data)
+    assert _same(_rows(data), reference)
+    assert _same(_without_compiled_scan(data), reference)
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(_alike)
+def test_logs_with_the_same_keys_decode_like_the_reference(logs: list[bytes]) -> None:
+    data = _group(logs)
+    assert _same(_rows(data), _reference(data))
+
+
+def test_a_key_repeated_in_every_log_keeps_its_last_value() -> None:
+    data = _group([_log(1, None, [(b"k", b"1"), (b"k", b"2")], False)] * 4)
+    (batch,) = _rows(data)
+    assert batch.column("contents").to_pylist() == [[("k", "2")]] * 4
+
+
+def test_a_key_repeated_in_a_later_log_of_the_same_width_is_found() -> None:
+    data = _group(
+        [
+            _log(1, None, [(b"a", b"1"), (b"b", b"2")], False),
+            _log(1, None, [(b"k", b"1"), (b"k", b"2")], False),
+        ]
+    )
+    assert _same(_rows(data), _reference(data))
+    assert _rows(data)[0].column("contents").to_pylist()[1] == [("k", "2")]
