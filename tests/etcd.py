@@ -11,6 +11,7 @@ their data by the tests.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -93,7 +94,11 @@ class EtcdCluster:
             "--log-outputs", str(log_path),
         ]  # fmt: skip
         member.proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
 
     def kill(self, member: Member) -> None:
@@ -140,6 +145,16 @@ class EtcdCluster:
                     os.kill(member.proc.pid, signal.SIGCONT)
                     os.kill(member.proc.pid, signal.SIGKILL)
                 member.proc.wait(timeout=10)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel sends SIGKILL when the thread that started the
+    member ends (the test's main thread: start members from it, not from a worker thread),
+    so a test run that is killed leaves no etcd member behind."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def _post(member: Member, path: str, body: dict[str, object]) -> dict[str, object]:

@@ -208,12 +208,12 @@ def test_calls_keep_working_when_any_member_dies_the_leader_included(etcd: EtcdC
                 leader = cluster.leader()
                 await store.put("/t/before", b"x")
                 killed = time.monotonic()
-                await asyncio.to_thread(cluster.kill, leader)
+                cluster.kill(leader)
                 revision = await store.put("/t/after", b"y")  # retried on the live members
                 gaps.append(time.monotonic() - killed)
                 assert revision > 0
                 assert (await store.get("/t/after")) is not None
-                await asyncio.to_thread(cluster.start, leader, "existing")
+                cluster.start(leader, "existing")  # from this thread: see _die_with_parent
                 await asyncio.to_thread(cluster.wait_healthy)
         return gaps
 
