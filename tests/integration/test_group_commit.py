@@ -4,7 +4,9 @@ Sixteen clients each send small PutLogs one at a time over a keep-alive connecti
 of a logstore with four shards. Each write is acknowledged only once durable, so every
 round of appends needs an fdatasync; the server must cover all the appends that arrive while
 one sync runs with the next one (across shards), so the number of fsyncs stays well under
-the number of requests. Every acknowledged group is then read back. About 3 s.
+the number of requests (how far under depends on how the requests interleave, so the test
+bounds it by the number of requests; the unit test of the commit queue shows the sharing
+itself). Every acknowledged group is then read back. About 3 s.
 """
 
 from __future__ import annotations
