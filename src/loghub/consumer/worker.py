@@ -150,6 +150,9 @@ class ConsumerWorker:
             wake=self._wake,
             listener=self._listener,
             counters=self._counters,
+            # half of the threads at most wait in long polls; the rest process (one thread
+            # alone never long-polls: a batch would wait behind the pull)
+            long_polls=threading.Semaphore(self.config.pool_threads // 2),
         )
         stopped_cleanly = False
         try:

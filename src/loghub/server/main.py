@@ -19,12 +19,19 @@ import sqlalchemy.exc
 import uvicorn
 
 from loghub.errors import DatabaseError, ParameterInvalid
-from loghub.server.app import build_app
+from loghub.server.app import LogHubApp, build_app
 from loghub.server.config import ServerConfig, is_loopback_host
 from loghub.server.http_protocol import bounded_protocol
 from loghub.server.memory import return_large_buffers_to_os
 
-__all__ = ["bind_listener", "check_bind", "check_tls", "serve", "uvicorn_config"]
+__all__ = [
+    "bind_listener",
+    "check_bind",
+    "check_tls",
+    "serve",
+    "uvicorn_config",
+    "uvicorn_server",
+]
 
 log = logging.getLogger("loghub.server")
 
@@ -75,7 +82,7 @@ def serve(config: ServerConfig) -> None:
         "on" if config.auth_enabled else "off",
         config.fsync_policy,
     )
-    uvicorn.Server(uvicorn_config(app, config)).run(sockets=[listener])
+    uvicorn_server(app, config).run(sockets=[listener])
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -118,3 +125,22 @@ def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
         ssl_certfile=None if config.tls_cert_file is None else str(config.tls_cert_file),
         ssl_keyfile=None if config.tls_key_file is None else str(config.tls_key_file),
     )
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, ending the long-poll waits as soon as it starts shutting down: it
+    waits for in-flight requests to finish, and a parked pull would hold it up to
+    ``pull_wait_ms_max``."""
+
+    def __init__(self, config: uvicorn.Config, app: LogHubApp) -> None:
+        super().__init__(config)
+        self._loghub_app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loghub_app.stop_waiting()
+        await super().shutdown(sockets)
+
+
+def uvicorn_server(app: LogHubApp, config: ServerConfig) -> uvicorn.Server:
+    """The one uvicorn server, for `loghub serve` and the embedded server alike."""
+    return _Server(uvicorn_config(app, config), app)

@@ -34,6 +34,8 @@ from loghub.wire.proto import LogGroup, LogGroupList
 __all__ = [
     "PULL_BYTES_MAX_HEADER",
     "PULL_BYTES_MAX_PARAM",
+    "PULL_WAIT_MS_HEADER",
+    "PULL_WAIT_MS_PARAM",
     "LogDict",
     "LogGroupDict",
     "frame_log_group",
@@ -45,6 +47,10 @@ __all__ = [
 
 PULL_BYTES_MAX_PARAM = "loghub_max_bytes"
 PULL_BYTES_MAX_HEADER = "x-loghub-max-bytes"
+# LogHub's long poll: a pull at the end of a shard waits up to this many ms for new data; the
+# reply echoes the wait the server applied (0: it did not wait).
+PULL_WAIT_MS_PARAM = "loghub_wait_ms"
+PULL_WAIT_MS_HEADER = "x-loghub-wait-ms"
 
 _LOG_GROUP_LIST_ENTRY_TAG = b"\x0a"  # field 1 (LogGroups), wire type 2 (length-delimited)
 
