@@ -39,7 +39,7 @@ from loghub.wire.logs import (
     PULL_BYTES_MAX_PARAM,
     PULL_WAIT_MS_HEADER,
     PULL_WAIT_MS_PARAM,
-    parse_log_group_list,
+    parse_pulled_log_group_list,
 )
 from loghub.wire.proto import LogGroup, LogGroupList
 from loghub.wire.signing import Credentials, sign_v1, sign_v4
@@ -111,7 +111,7 @@ class PulledBody:
         return decompress(self.compress_type, self.body, self.raw_size, limit)
 
     def parse(self) -> LogGroupList:
-        return parse_log_group_list(self.decompress())
+        return parse_pulled_log_group_list(self.decompress())
 
 
 @dataclass(frozen=True)
@@ -558,7 +558,7 @@ class LogHubClient:
             project, logstore, shard_id, cursor, count, end_cursor, compress_type, bytes_max
         )
         return PullResult(
-            log_group_list=parse_log_group_list(raw.data),
+            log_group_list=parse_pulled_log_group_list(raw.data),
             next_cursor=raw.next_cursor,
             count=raw.count,
             raw_size=raw.raw_size,
