@@ -8,8 +8,9 @@ answer.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,7 +19,9 @@ import pytest
 from server_process import ServerProcess
 
 from loghub.client import LogHubClient, PulledBody
+from loghub.consumer import Checkpointer, ConsumerConfig, ConsumerProcessor, ConsumerWorker
 from loghub.wire.logs import PULL_WAIT_MS_HEADER, make_log_group
+from loghub.wire.proto import LogGroup
 
 WAIT_MS_MAX = 1_500
 WAITERS_MAX = 2
@@ -188,3 +191,48 @@ def test_shutdown_ends_waiting_pulls_at_once(tmp_path: Path, pool: ThreadPoolExe
             assert server.proc is not None and server.proc.returncode is not None
     finally:
         server.kill()
+
+
+def test_a_consumer_worker_at_the_tail_processes_new_logs_without_its_poll_pause(
+    server: ServerProcess,
+) -> None:
+    """The consumer's latency path: its pulls wait on the server, so a log written while it
+    idles at the end is processed at once, not after ``fetch_interval_ms`` (10 s here)."""
+    processed: list[float] = []
+    started = threading.Event()
+
+    class Stamp(ConsumerProcessor):
+        def initialize(self, shard_id: int) -> None:
+            super().initialize(shard_id)
+            started.set()
+
+        def process(self, log_groups: Sequence[LogGroup], checkpointer: Checkpointer) -> None:
+            processed.extend(time.monotonic() for _ in log_groups)
+            checkpointer.save()
+
+    with _logstore(server, "consumer") as client:
+        config = ConsumerConfig(
+            endpoint=server.endpoint,
+            project="consumer",
+            logstore="store",
+            group="tail",
+            worker_name="w1",
+            start_position="end",
+            fetch_interval_ms=10_000,
+            heartbeat_interval_ms=500,
+            timeout_ms=5_000,
+        )
+        worker = ConsumerWorker(Stamp, config)
+        worker.start()
+        try:
+            assert started.wait(10), "the worker never got the shard"
+            time.sleep(0.5)  # its first pull is parked at the end by now
+            put_at = time.monotonic()
+            _put(client, "consumer")
+            deadline = time.monotonic() + 10
+            while not processed and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert processed, "nothing processed within 10 s"
+            assert processed[0] - put_at < PROMPT_S, "the worker slept through its poll pause"
+        finally:
+            worker.shutdown()
