@@ -87,6 +87,7 @@ __all__ = [
     "final_flush_attempts",
     "final_flush_retry_ms",
     "init_error_backoff_ms",
+    "long_poll_wait_ms_max",
     "process_retry_backoff_ms_max",
 ]
 
@@ -98,6 +99,10 @@ batches_queued_max = 2
 # After a failed pull or initialisation: a server restart or a network blip is over by then.
 fetch_error_backoff_ms = 1_000
 init_error_backoff_ms = 1_000
+# A long poll waits at most this long (fetch_interval_ms when shorter): well inside the
+# client's HTTP timeout (at least 5 s), and a shard handed over or a worker shutting down is
+# not held up by its pull in flight for longer.
+long_poll_wait_ms_max = 2_000
 # While the assignment cannot vouch for the shard (a heartbeat or renew is late).
 consume_check_interval_ms = 100
 # The final checkpoint is worth a few tries: without it the next holder repeats data.
@@ -431,7 +436,8 @@ class ShardConsumer:
         config = ctx.config
         # At the end of the shard, a LogHub server holds the pull until data comes, up to
         # fetch_interval_ms: data is seen within a round trip instead of after the pause.
-        long_poll = config.fetch_interval_ms > 0 and (
+        wait_ms = min(config.fetch_interval_ms, long_poll_wait_ms_max)
+        long_poll = wait_ms > 0 and (
             ctx.long_polls is None or ctx.long_polls.acquire(blocking=False)
         )
         try:
@@ -442,7 +448,7 @@ class ShardConsumer:
                 cursor,
                 plan.count,
                 bytes_max=plan.raw_bytes_max,
-                wait_ms=config.fetch_interval_ms if long_poll else None,
+                wait_ms=wait_ms if long_poll else None,
             )
         except InvalidCursor:
             ctx.budget.release(plan.reserved_bytes)
