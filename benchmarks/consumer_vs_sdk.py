@@ -94,6 +94,7 @@ def _ours_worker(args: argparse.Namespace, name: str, count: _Count) -> Any:
         worker_name=name,
         heartbeat_interval_ms=1_000,
         timeout_ms=20_000,
+        **({"buffer_bytes_max": args.buffer_mib * 1024 * 1024} if args.buffer_mib else {}),
     )
     worker = ConsumerWorker(Counter, config)
     worker.start()
@@ -157,9 +158,12 @@ def child_sdk(args: argparse.Namespace) -> dict[str, Any]:
             count.add(sum(len(group.Logs) for group in log_groups.LogGroups))
             tracker.save_check_point(False)
 
+    # Its loop pauses data_fetch_interval between rounds (2 s by default, which would make
+    # it look slower than it is); 0.2 s, as the SDK drivers of the tests use.
     config = LogHubConfig(
         args.endpoint, "ak", "sk", PROJECT, LOGSTORE, args.group, "w0",
         cursor_position=CursorPosition.BEGIN_CURSOR, heartbeat_interval=1,
+        data_fetch_interval=args.sdk_fetch_interval_s,
     )  # fmt: skip
     worker = ConsumerWorker(Counter, consumer_option=config)
     worker.start()
@@ -172,6 +176,7 @@ def _figures(count: _Count) -> dict[str, Any]:
         "logs": count.logs,
         "seconds": count.last_s - count.first_s,
         "seconds_from_start": count.last_s - count.started_s,
+        "cpu_s": time.process_time(),
     }
 
 
@@ -182,12 +187,14 @@ def _wait_for(count: _Count, args: argparse.Namespace) -> None:
 
 
 def run_child(kind: str, endpoint: str, group: str, logs: int, timeout_s: float,
-              processes: int = 1) -> dict[str, Any]:  # fmt: skip
+              processes: int, sdk_fetch_interval_s: float,
+              extra: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
     """One worker process (and its own children, for ours with processes); returns what it
     printed. It exits by itself after printing; killed by PID only if it overstays."""
     args = [sys.executable, __file__, "--child", kind, "--endpoint", endpoint, "--group", group,
             "--logs", str(logs), "--seconds", str(timeout_s),
-            "--child-processes", str(processes)]  # fmt: skip
+            "--child-processes", str(processes),
+            "--sdk-fetch-interval-s", str(sdk_fetch_interval_s), *extra]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOGHUB_")}
     env["PYTHONPATH"] = str(REPO_ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     for name in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
@@ -229,6 +236,8 @@ def main() -> None:
     parser.add_argument("--no-sdk", action="store_true", help="ours only (profiling)")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--child-timeout-s", type=float, default=600.0)
+    parser.add_argument("--sdk-fetch-interval-s", type=float, default=0.2)
+    parser.add_argument("--buffer-mib", type=int, default=0, help="ours: buffer_bytes_max")
     args = parser.parse_args()
     if args.child:
         result = child_ours(args) if args.child == "ours" else child_sdk(args)
@@ -259,12 +268,15 @@ def main() -> None:
             for kind, processes in kinds:
                 label = kind if processes == 1 else f"ours x{processes}"
                 group = f"{label.replace(' ', '')}-{attempt}"
-                result = run_child(kind, endpoint, group, logs, args.child_timeout_s, processes)
+                result = run_child(kind, endpoint, group, logs, args.child_timeout_s, processes,
+                                   args.sdk_fetch_interval_s,
+                                   ["--buffer-mib", str(args.buffer_mib)])  # fmt: skip
                 rate = result["logs"] / max(result["seconds"], 1e-6)
                 rates[label].append(rate)
                 from_start = result["logs"] / max(result["seconds_from_start"], 1e-6)
+                cpu = f", {result['cpu_s']:.2f} s CPU" if "cpu_s" in result else ""
                 print(f"  run {attempt + 1} {label:>8}: {fmt_int(rate)} logs/s "
-                      f"({fmt_int(from_start)} counting its start)")  # fmt: skip
+                      f"({fmt_int(from_start)} counting its start{cpu})")  # fmt: skip
     finally:
         server.stop()
         remove_tree(data_dir)
@@ -288,6 +300,7 @@ def report(args: argparse.Namespace, rates: dict[str, list[float]], logs: int) -
     notes = [
         f"{fmt_int(logs)} logs in {args.shards} shards, {args.logs_per_group} logs per group, "
         "a processor that counts logs; logs/s from the first batch to the last",
+        f"SDK data_fetch_interval {args.sdk_fetch_interval_s} s (its default, 2 s, pauses more)",
     ]
     if not args.smoke:
         print(f"saved {save('consumer_vs_sdk', 'Consumer throughput vs the SDK', rows, notes)}")
