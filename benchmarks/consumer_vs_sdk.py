@@ -24,6 +24,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -177,6 +178,7 @@ def _figures(count: _Count) -> dict[str, Any]:
         "seconds": count.last_s - count.first_s,
         "seconds_from_start": count.last_s - count.started_s,
         "cpu_s": time.process_time(),
+        "page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
     }
 
 
@@ -276,7 +278,9 @@ def main() -> None:
                 from_start = result["logs"] / max(result["seconds_from_start"], 1e-6)
                 cpu = f", {result['cpu_s']:.2f} s CPU" if "cpu_s" in result else ""
                 print(f"  run {attempt + 1} {label:>8}: {fmt_int(rate)} logs/s "
-                      f"({fmt_int(from_start)} counting its start{cpu})")  # fmt: skip
+                      f"({fmt_int(from_start)} counting its start{cpu}; "
+                      f"{fmt_int(result['logs'])} logs counted, "
+                      f"{fmt_int(result.get('page_faults', 0))} page faults)")  # fmt: skip
     finally:
         server.stop()
         remove_tree(data_dir)
