@@ -246,6 +246,14 @@ def serve(
     pull_bytes_max: Annotated[
         int | None, typer.Option(help=_limit_help("raw bytes per pull reply", "pull_bytes_max"))
     ] = None,
+    pull_wait_ms_max: Annotated[
+        int | None,
+        typer.Option(help=_limit_help("longest long-poll wait of a pull", "pull_wait_ms_max")),
+    ] = None,
+    pull_waiters_max: Annotated[
+        int | None,
+        typer.Option(help=_limit_help("pulls waiting for data at once", "pull_waiters_max")),
+    ] = None,
     clock_skew_s_max: Annotated[
         int | None,
         typer.Option(help=_limit_help("signed request date tolerance", "clock_skew_s_max")),

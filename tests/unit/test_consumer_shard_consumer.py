@@ -4,6 +4,7 @@ tasks run only when the test says so (so "in flight" is a state a test can look 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -52,6 +53,10 @@ class FakeLogHub:
         self.groups_created: list[tuple[str, int, bool]] = []
         self.events: list[str] = []
         self.honours_bytes = True
+        # LogHub holds a pull at the end of a shard (loghub_wait_ms); the hosted service and
+        # this fake by default do not
+        self.honours_wait = False
+        self.waits: list[int | None] = []  # the wait_ms each pull asked for
         self.pull_requests: list[tuple[int, int, int | None]] = []  # (shard, count, bytes_max)
 
     def add_shard(self, shard_id: int, logs: int = 0, *, parents: tuple[int, ...] = ()) -> None:
@@ -88,11 +93,13 @@ class FakeLogHub:
         count: int = 1000,
         *,
         bytes_max: int | None = None,
+        wait_ms: int | None = None,
     ) -> PulledBody:
         """As LogHub answers (the byte bound honoured), or, with ``honours_bytes`` False, as
         the hosted service does (the bound ignored); bodies go uncompressed."""
         self.pulls.append((shard_id, cursor))
         self.pull_requests.append((shard_id, count, bytes_max))
+        self.waits.append(wait_ms)
         position = decode_cursor(cursor)
         groups = self.groups[shard_id]
         if not self.begin[shard_id] <= position <= len(groups):
@@ -110,7 +117,9 @@ class FakeLogHub:
             group_list.LogGroups.append(group)
         body = group_list.SerializeToString()
         taken = len(group_list.LogGroups)
-        return PulledBody(body, None, encode_cursor(position + taken), taken, len(body), applied)
+        waited = wait_ms if self.honours_wait else None
+        next_cursor = encode_cursor(position + taken)
+        return PulledBody(body, None, next_cursor, taken, len(body), applied, waited)
 
     def list_shards(self, project: str, logstore: str) -> list[ShardInfo]:
         return [self.shard_infos[s] for s in sorted(self.shard_infos)]
@@ -582,6 +591,54 @@ def test_an_idle_shard_is_polled_every_fetch_interval() -> None:
     assert len(h.hub.pulls) == pulls
     h.advance(1)
     assert len(h.hub.pulls) == pulls + 1
+
+
+def test_against_a_long_polling_server_an_empty_pull_is_followed_by_the_next_at_once() -> None:
+    h = Harness(logs=0, fetch_interval_ms=500)
+    h.hub.honours_wait = True
+    h.consumer.step(0)
+    h.tasks.run()  # initialised
+    for _ in range(3):  # each pull waited on the server already: no pause in between
+        h.consumer.step(h.clock.monotonic_ms())
+        h.tasks.run()
+    assert len(h.hub.pulls) == 3
+    assert h.hub.waits == [500, 500, 500], "pulls ask the server to wait fetch_interval_ms"
+
+
+def test_data_after_a_long_poll_is_processed_without_a_pause() -> None:
+    h = Harness(logs=0, fetch_interval_ms=500)
+    h.hub.honours_wait = True
+    h.consumer.step(0)
+    h.tasks.run()
+    h.consumer.step(0)
+    h.tasks.run()  # an empty long poll
+    h.hub.write(0, 2)
+    for _ in range(4):  # the next pull (at once) brings them; processing follows
+        h.consumer.step(h.clock.monotonic_ms())
+        h.tasks.run()
+    assert h.processor.seen() == [0, 1]
+    assert h.clock.monotonic_ms() == 0, "no time had to pass"
+
+
+def test_a_pull_long_polls_only_with_a_free_slot_and_gives_it_back() -> None:
+    h = Harness(logs=0, fetch_interval_ms=500)
+    h.hub.honours_wait = True
+    slots = threading.Semaphore(1)
+    h.context = dataclasses.replace(h.context, long_polls=slots)
+    h.consumer = ShardConsumer(0, h.context)
+    for _ in range(3):  # initialise, then two pulls
+        h.consumer.step(0)
+        h.tasks.run()
+    assert h.hub.waits == [500, 500], "the slot came back after each pull"
+    assert slots.acquire(blocking=False)  # now another shard holds the only slot
+    h.consumer.step(0)
+    h.tasks.run()
+    assert h.hub.waits == [500, 500, None], "no slot: a pull that does not wait"
+    h.settle()
+    h.advance(499)
+    assert len(h.hub.pulls) == 3, "...followed by the pause, as without long polling"
+    h.advance(1)
+    assert len(h.hub.pulls) == 4
 
 
 def test_a_full_batch_is_followed_by_another_pull_at_once() -> None:

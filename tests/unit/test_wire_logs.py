@@ -17,6 +17,7 @@ from loghub.wire.logs import (
     make_log_group,
     parse_log_group,
     parse_log_group_list,
+    parse_pulled_log_group_list,
 )
 
 
@@ -131,6 +132,18 @@ def test_malformed_log_group_is_post_body_invalid(raw: bytes) -> None:
 def test_malformed_log_group_list_is_post_body_invalid() -> None:
     with pytest.raises(PostBodyInvalid):
         parse_log_group_list(frame_log_group(b"\x0a\x00"))
+
+
+def test_a_pulled_list_decodes_the_same_groups_without_the_required_field_walk() -> None:
+    body = b"".join(frame_log_group(sdk_log_group()) for _ in range(3))
+    pulled = parse_pulled_log_group_list(body)
+    assert pulled == parse_log_group_list(body)
+    # the walk is skipped (the server checked every group when it was written): a group
+    # lacking a required field reads with its default instead of failing the whole reply
+    partial = parse_pulled_log_group_list(frame_log_group(b"\x0a\x00"))
+    assert partial.LogGroups[0].Logs[0].Time == 0
+    with pytest.raises(PostBodyInvalid):  # what is not protobuf still fails
+        parse_pulled_log_group_list(b"\x0a\x05abc")
 
 
 @given(st.binary(max_size=256))

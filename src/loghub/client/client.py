@@ -34,7 +34,13 @@ from loghub._clock import Clock, SystemClock
 from loghub.errors import ParameterInvalid, TransportError
 from loghub.wire.compression import compress, decompress
 from loghub.wire.errors import error_from_body
-from loghub.wire.logs import PULL_BYTES_MAX_HEADER, PULL_BYTES_MAX_PARAM, parse_log_group_list
+from loghub.wire.logs import (
+    PULL_BYTES_MAX_HEADER,
+    PULL_BYTES_MAX_PARAM,
+    PULL_WAIT_MS_HEADER,
+    PULL_WAIT_MS_PARAM,
+    parse_pulled_log_group_list,
+)
 from loghub.wire.proto import LogGroup, LogGroupList
 from loghub.wire.signing import Credentials, sign_v1, sign_v4
 
@@ -93,6 +99,9 @@ class PulledBody:
     count: int
     raw_size: int  # the serialized LogGroupList's size
     bytes_max: int | None  # the raw-byte bound the server applied; None: it applied none
+    # The longest the server would have waited for data at the end of the shard (long poll);
+    # None: it knows no such wait (not LogHub, or not asked); 0: it did not wait this time.
+    wait_ms: int | None = None
 
     def decompress(self) -> bytes:
         """The serialized ``LogGroupList``."""
@@ -102,7 +111,7 @@ class PulledBody:
         return decompress(self.compress_type, self.body, self.raw_size, limit)
 
     def parse(self) -> LogGroupList:
-        return parse_log_group_list(self.decompress())
+        return parse_pulled_log_group_list(self.decompress())
 
 
 @dataclass(frozen=True)
@@ -477,15 +486,20 @@ class LogHubClient:
         end_cursor: str | None = None,
         compress_type: str = "lz4",
         bytes_max: int | None = None,
+        wait_ms: int | None = None,
     ) -> PulledBody:
         """One pull, its reply left compressed. ``bytes_max`` asks a LogHub server for at most
         that many raw bytes (or the first group, whatever its size); other servers ignore
-        it, which ``PulledBody.bytes_max`` (None) tells."""
+        it, which ``PulledBody.bytes_max`` (None) tells. ``wait_ms`` asks a LogHub server to
+        hold a pull at the end of the shard until data comes, at most that long (long poll;
+        ``PulledBody.wait_ms`` tells what it applied). The HTTP timeout must exceed it."""
         query = [("type", "log"), ("cursor", cursor), ("count", str(count))]
         if end_cursor is not None:
             query.append(("end_cursor", end_cursor))
         if bytes_max is not None:
             query.append((PULL_BYTES_MAX_PARAM, str(bytes_max)))
+        if wait_ms is not None:
+            query.append((PULL_WAIT_MS_PARAM, str(wait_ms)))
         response = self._request(
             "GET",
             project,
@@ -494,6 +508,7 @@ class LogHubClient:
             headers={"accept": "application/x-protobuf", "accept-encoding": compress_type},
         )
         applied = response.headers.get(PULL_BYTES_MAX_HEADER)
+        waited = response.headers.get(PULL_WAIT_MS_HEADER)
         return PulledBody(
             body=response.content,
             compress_type=response.headers.get("x-log-compresstype"),
@@ -501,6 +516,7 @@ class LogHubClient:
             count=int(response.headers.get("x-log-count", "0")),
             raw_size=int(response.headers.get("x-log-bodyrawsize", "0")),
             bytes_max=int(applied) if applied and applied.isdigit() else None,
+            wait_ms=int(waited) if waited and waited.isdigit() else None,
         )
 
     def pull_logs_raw(
@@ -542,7 +558,7 @@ class LogHubClient:
             project, logstore, shard_id, cursor, count, end_cursor, compress_type, bytes_max
         )
         return PullResult(
-            log_group_list=parse_log_group_list(raw.data),
+            log_group_list=parse_pulled_log_group_list(raw.data),
             next_cursor=raw.next_cursor,
             count=raw.count,
             raw_size=raw.raw_size,

@@ -87,6 +87,7 @@ __all__ = [
     "final_flush_attempts",
     "final_flush_retry_ms",
     "init_error_backoff_ms",
+    "long_poll_wait_ms_max",
     "process_retry_backoff_ms_max",
 ]
 
@@ -98,6 +99,10 @@ batches_queued_max = 2
 # After a failed pull or initialisation: a server restart or a network blip is over by then.
 fetch_error_backoff_ms = 1_000
 init_error_backoff_ms = 1_000
+# A long poll waits at most this long (fetch_interval_ms when shorter): well inside the
+# client's HTTP timeout (at least 5 s), and a shard handed over or a worker shutting down is
+# not held up by its pull in flight for longer.
+long_poll_wait_ms_max = 2_000
 # While the assignment cannot vouch for the shard (a heartbeat or renew is late).
 consume_check_interval_ms = 100
 # The final checkpoint is worth a few tries: without it the next holder repeats data.
@@ -156,6 +161,10 @@ class ShardContext:
     # Set while the server's replies show that it honours the pull byte bound (LogHub does;
     # the hosted service does not): pulls are then sized by bytes alone.
     pull_bytes_honoured: threading.Event = field(default_factory=threading.Event)
+    # Pulls that may long-poll at once (None: every one). A long poll holds a pool thread
+    # while the server waits, so the worker keeps some threads for processing; a pull that
+    # finds no slot free pulls without waiting and pauses fetch_interval_ms, as before.
+    long_polls: threading.Semaphore | None = None
 
 
 @dataclass(frozen=True)
@@ -425,6 +434,12 @@ class ShardConsumer:
     def _fetch(self, cursor: str, generation: int, plan: _PullPlan) -> None:
         ctx = self._ctx
         config = ctx.config
+        # At the end of the shard, a LogHub server holds the pull until data comes, up to
+        # fetch_interval_ms: data is seen within a round trip instead of after the pause.
+        wait_ms = min(config.fetch_interval_ms, long_poll_wait_ms_max)
+        long_poll = wait_ms > 0 and (
+            ctx.long_polls is None or ctx.long_polls.acquire(blocking=False)
+        )
         try:
             pulled = ctx.client.pull_logs_body(
                 config.project,
@@ -433,6 +448,7 @@ class ShardConsumer:
                 cursor,
                 plan.count,
                 bytes_max=plan.raw_bytes_max,
+                wait_ms=wait_ms if long_poll else None,
             )
         except InvalidCursor:
             ctx.budget.release(plan.reserved_bytes)
@@ -443,6 +459,9 @@ class ShardConsumer:
             logger.info("shard %d: pull failed, retrying: %s", self.shard_id, exc)
             self._fetch_failed(generation, behind_retention=False)
             return
+        finally:
+            if long_poll and ctx.long_polls is not None:
+                ctx.long_polls.release()
         if pulled.bytes_max is None:
             ctx.pull_bytes_honoured.clear()
         else:
@@ -463,7 +482,8 @@ class ShardConsumer:
                 full = pulled.count >= plan.count or (
                     pulled.bytes_max is not None and 2 * pulled.raw_size >= pulled.bytes_max
                 )
-                pause_ms = 0 if full else config.fetch_interval_ms
+                # after a long poll the server has waited already (wait_ms 0: it did not)
+                pause_ms = 0 if full or pulled.wait_ms else config.fetch_interval_ms
                 progress.next_fetch_ms = ctx.clock.monotonic_ms() + pause_ms
         ctx.wake()
 

@@ -44,6 +44,7 @@ from loghub.consumer.checkpoint import CheckpointListener
 from loghub.consumer.config import ConsumerConfig
 from loghub.consumer.heartbeat import HeartbeatAssignment
 from loghub.consumer.leases import LeaseAssignment
+from loghub.consumer.memory import keep_freed_memory
 from loghub.consumer.processor import ProcessorFactory
 from loghub.consumer.shard_consumer import ShardConsumer, ShardContext, ShardCounters
 
@@ -136,6 +137,7 @@ class ConsumerWorker:
         Raises what set-up raised (a wrong endpoint, keys, group or lease URL)."""
         assert not self._ran, "a worker runs once"
         self._ran = True
+        keep_freed_memory(self.config.buffer_bytes_max)
         pool = ThreadPoolExecutor(
             self.config.pool_threads, thread_name_prefix=f"loghub-{self.config.worker_name}"
         )
@@ -150,6 +152,9 @@ class ConsumerWorker:
             wake=self._wake,
             listener=self._listener,
             counters=self._counters,
+            # half of the threads at most wait in long polls; the rest process (one thread
+            # alone never long-polls: a batch would wait behind the pull)
+            long_polls=threading.Semaphore(self.config.pool_threads // 2),
         )
         stopped_cleanly = False
         try:

@@ -67,9 +67,15 @@ from loghub.server.errors import protocol_error
 from loghub.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from loghub.server.metrics import api_label
 from loghub.server.service import LogHubService, parse_shard_id
+from loghub.server.tail_waits import WaitEnd
 from loghub.wire.compression import choose_response_compression
 from loghub.wire.errors import error_body
-from loghub.wire.logs import PULL_BYTES_MAX_HEADER, PULL_BYTES_MAX_PARAM
+from loghub.wire.logs import (
+    PULL_BYTES_MAX_HEADER,
+    PULL_BYTES_MAX_PARAM,
+    PULL_WAIT_MS_HEADER,
+    PULL_WAIT_MS_PARAM,
+)
 from loghub.wire.signing import header_map
 from loghub.wire.values import loads_json, parse_decimal
 
@@ -377,7 +383,13 @@ class LogHubApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    def stop_waiting(self) -> None:
+        """Ends every long-poll wait at once, answering those pulls empty: called when the
+        server starts shutting down, which otherwise waits for in-flight requests."""
+        self.service.tail_waits.close()
+
     async def close(self) -> None:
+        self.stop_waiting()
         for task in self._background:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -818,8 +830,15 @@ class LogHubApp:
         bytes_max = None
         if call.optional(PULL_BYTES_MAX_PARAM) is not None:
             bytes_max = _int_param(call, PULL_BYTES_MAX_PARAM)
+        wait_ms = None
+        if call.optional(PULL_WAIT_MS_PARAM) is not None:
+            wait_ms = _int_param(call, PULL_WAIT_MS_PARAM)
+            if wait_ms < 0:
+                raise ParameterInvalid(f"{PULL_WAIT_MS_PARAM} must not be negative, not {wait_ms}")
+            wait_ms = min(wait_ms, self.config.limits.pull_wait_ms_max)
         accept = choose_response_compression(call.headers.get("accept-encoding"))
-        result = await self._blocking(
+        pull = partial(
+            self._blocking,
             self.service.pull_logs,
             project,
             logstore,
@@ -830,6 +849,17 @@ class LogHubApp:
             accept,
             bytes_max,
         )
+        result = await pull()
+        waited: WaitEnd | None = None
+        if wait_ms and result.tail is not None:
+            # at the end of a writable shard: wait for data rather than answer empty
+            waited = await self.service.tail_waits.wait(result.tail, wait_ms / 1000)
+            if waited is WaitEnd.DATA:
+                result = await pull()
+        if not result.count and waited in (None, WaitEnd.FULL, WaitEnd.SEALED):
+            # empty without waiting (a read-only shard, end_cursor, the waiter bound): the
+            # echo says so, and the client pauses before pulling again
+            wait_ms = None if wait_ms is None else 0
         headers = {
             "x-log-cursor": result.next_cursor,
             "x-log-count": str(result.count),
@@ -838,6 +868,8 @@ class LogHubApp:
         }
         if bytes_max is not None:
             headers[PULL_BYTES_MAX_HEADER] = str(result.bytes_max)
+        if wait_ms is not None:
+            headers[PULL_WAIT_MS_HEADER] = str(wait_ms)
         if result.compress_type:
             headers["x-log-compresstype"] = result.compress_type
         return Response(result.body, media_type=_PROTOBUF, headers=headers)

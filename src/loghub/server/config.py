@@ -68,6 +68,12 @@ class Limits:
     # A pull stops adding groups once this many uncompressed bytes are in the reply (it always
     # returns at least one group); the caller continues from x-log-cursor.
     pull_bytes_max: int = 16 * 1024 * 1024
+    # A pull with loghub_wait_ms that reaches the end of a shard waits for new data at most
+    # this long (a longer wait asked for is cut to this; the reply's x-loghub-wait-ms says).
+    pull_wait_ms_max: int = 30_000
+    # Pulls waiting for new data at once; one more is answered at once, empty, with
+    # x-loghub-wait-ms: 0 (its client pauses and pulls again, as without long polling).
+    pull_waiters_max: int = 512
     # Request dates further than this from the server's clock are refused when auth is on.
     clock_skew_s_max: int = 900
 

@@ -12,11 +12,10 @@ import time
 from types import TracebackType
 
 import httpx
-import uvicorn
 
 from loghub.server.app import build_app
 from loghub.server.config import ServerConfig
-from loghub.server.main import uvicorn_config
+from loghub.server.main import uvicorn_server
 
 __all__ = ["EmbeddedServer", "free_port"]
 
@@ -33,7 +32,7 @@ class EmbeddedServer:
             config = ServerConfig(**{**config.__dict__, "port": free_port(config.host)})
         self.config = config
         self.app = build_app(config)
-        self._server = uvicorn.Server(uvicorn_config(self.app, config))
+        self._server = uvicorn_server(self.app, config)
         self._thread = threading.Thread(target=self._server.run, name="loghub-server", daemon=True)
         self._start_timeout_s = start_timeout_s
 

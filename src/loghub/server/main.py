@@ -20,7 +20,7 @@ import sqlalchemy.exc
 import uvicorn
 
 from loghub.errors import DatabaseError, ParameterInvalid
-from loghub.server.app import build_app
+from loghub.server.app import LogHubApp, build_app
 from loghub.server.config import ServerConfig, is_loopback_host
 from loghub.server.http_protocol import bounded_protocol
 from loghub.server.memory import return_large_buffers_to_os
@@ -28,7 +28,14 @@ from loghub.server.service import LogHubService
 
 FrontEnd = Callable[[LogHubService], Callable[[], None]]
 
-__all__ = ["bind_listener", "check_bind", "check_tls", "serve", "uvicorn_config"]
+__all__ = [
+    "bind_listener",
+    "check_bind",
+    "check_tls",
+    "serve",
+    "uvicorn_config",
+    "uvicorn_server",
+]
 
 log = logging.getLogger("loghub.server")
 
@@ -84,7 +91,7 @@ def serve(config: ServerConfig, front_ends: Sequence[FrontEnd] = ()) -> None:
         config.fsync_policy,
     )
     try:
-        uvicorn.Server(uvicorn_config(app, config)).run(sockets=[listener])
+        uvicorn_server(app, config).run(sockets=[listener])
     finally:
         for stop in stops:
             stop()
@@ -142,3 +149,22 @@ def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
         ssl_certfile=None if config.tls_cert_file is None else str(config.tls_cert_file),
         ssl_keyfile=None if config.tls_key_file is None else str(config.tls_key_file),
     )
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, ending the long-poll waits as soon as it starts shutting down: it
+    waits for in-flight requests to finish, and a parked pull would hold it up to
+    ``pull_wait_ms_max``."""
+
+    def __init__(self, config: uvicorn.Config, app: LogHubApp) -> None:
+        super().__init__(config)
+        self._loghub_app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loghub_app.stop_waiting()
+        await super().shutdown(sockets)
+
+
+def uvicorn_server(app: LogHubApp, config: ServerConfig) -> uvicorn.Server:
+    """The one uvicorn server, for `loghub serve` and the embedded server alike."""
+    return _Server(uvicorn_config(app, config), app)

@@ -56,6 +56,7 @@ from loghub.server.config import ServerConfig
 from loghub.server.groups import GroupService
 from loghub.server.metrics import GroupShardLag, LogstoreDisk, ServerMetrics
 from loghub.server.quotas import ShardQuota, ShardQuotas, rate_per_s_max
+from loghub.server.tail_waits import ShardTail, TailWaits
 from loghub.server.validation import BodyChecker
 from loghub.storage import (
     ReadBatch,
@@ -108,6 +109,9 @@ class PullResult:
     count: int
     next_cursor: str
     bytes_max: int = 0  # the raw-byte limit applied
+    # Set when the reply is empty because the pull is at the end of a writable shard (not at
+    # an end_cursor): new data may still come, so a long poll may wait for it.
+    tail: ShardTail | None = None
 
 
 class LogHubService:
@@ -159,6 +163,7 @@ class LogHubService:
             config.auto_split_bytes_per_s, config.auto_split_sustain_ms
         )
         self.quotas = ShardQuotas(clock)
+        self.tail_waits = TailWaits(config.limits.pull_waiters_max)
         self._closed = threading.Event()
         self._commits: CommitQueue | None = None
         self._lb: dict[tuple[str, str], _LbBalance] = {}
@@ -215,6 +220,7 @@ class LogHubService:
         shard_log = self.storage.shard(store.storage_key, shard.shard_id)
         if shard.status == "readonly" and not shard_log.sealed:
             end_seq = shard_log.seal()
+            self.tail_waits.notify(shard_log)
             if end_seq != shard.end_seq:
                 log.error(
                     "shard %s/%d ends at %d, but was closed at %s",
@@ -528,6 +534,9 @@ class LogHubService:
         self.quotas.charge_read(quota_key, quota, len(batch.data))
         self.metrics.count_pull(project, logstore, shard_id, batch.count, len(batch.data))
         body = compress(accept_compress, batch.data) if batch.data else b""
+        tail = None
+        if not batch.count and end is None and not shard_log.sealed:
+            tail = ShardTail(shard_log, batch.next_seq)
         return PullResult(
             body=body,
             compress_type=accept_compress if batch.data else "",
@@ -535,6 +544,7 @@ class LogHubService:
             count=batch.count,
             next_cursor=encode_cursor(batch.next_seq),
             bytes_max=bytes_max,
+            tail=tail,
         )
 
     def shard_quota(self, store: Logstore) -> ShardQuota:
@@ -732,7 +742,10 @@ class _Sealer:
         remote = self._remote(shard_id)
         if remote is not None:
             return remote.seal(self._store.project, self._store.name, shard_id)
-        return self._service.storage.shard(self._store.storage_key, shard_id).seal()
+        shard_log = self._service.storage.shard(self._store.storage_key, shard_id)
+        end_seq = shard_log.seal()
+        self._service.tail_waits.notify(shard_log)  # pulls parked at its end stop waiting
+        return end_seq
 
     def unseal(self, shard_id: int) -> None:
         remote = self._remote(shard_id)

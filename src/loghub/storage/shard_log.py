@@ -236,6 +236,10 @@ class ShardLog:
         self._synced_append_count = 0
         self._stop_syncing = threading.Event()
         self._sync_thread: threading.Thread | None = None
+        # Called with the new end_seq each time it advances, from the committing thread with
+        # the lock held, so it must be quick and must not call back into this log (the
+        # server wakes pulls parked at the end of the shard; loop.call_soon_threadsafe).
+        self.end_seq_listener: Callable[[int], None] | None = None
         if config.fsync_policy == "interval":
             self._sync_thread = threading.Thread(
                 target=self._sync_periodically, name=f"loghub-fsync {path}", daemon=True
@@ -492,6 +496,8 @@ class ShardLog:
         self._end_seq = records[-1][0] + 1
         self._last_time_ms = records[-1][1]
         self._append_count += len(records)
+        if self.end_seq_listener is not None:
+            self.end_seq_listener(self._end_seq)
 
     @staticmethod
     def _header(sequence: int, time_ms: int, payload: bytes) -> bytes:

@@ -36,6 +36,8 @@ from loghub.wire.proto import LogGroup, LogGroupList
 __all__ = [
     "PULL_BYTES_MAX_HEADER",
     "PULL_BYTES_MAX_PARAM",
+    "PULL_WAIT_MS_HEADER",
+    "PULL_WAIT_MS_PARAM",
     "LogDict",
     "LogGroupDict",
     "frame_log_group",
@@ -43,11 +45,16 @@ __all__ = [
     "make_log_group",
     "parse_log_group",
     "parse_log_group_list",
+    "parse_pulled_log_group_list",
     "split_log_group_list",
 ]
 
 PULL_BYTES_MAX_PARAM = "loghub_max_bytes"
 PULL_BYTES_MAX_HEADER = "x-loghub-max-bytes"
+# LogHub's long poll: a pull at the end of a shard waits up to this many ms for new data; the
+# reply echoes the wait the server applied (0: it did not wait).
+PULL_WAIT_MS_PARAM = "loghub_wait_ms"
+PULL_WAIT_MS_HEADER = "x-loghub-wait-ms"
 
 _LOG_GROUP_LIST_ENTRY_TAG = b"\x0a"  # field 1 (LogGroups), wire type 2 (length-delimited)
 
@@ -73,6 +80,19 @@ def parse_log_group(raw: bytes) -> LogGroup:
 def parse_log_group_list(raw: bytes) -> LogGroupList:
     """The ``LogGroupList`` serialized in ``raw``; ``PostBodyInvalid`` when it is not one."""
     return _parse(LogGroupList, raw)
+
+
+def parse_pulled_log_group_list(raw: bytes) -> LogGroupList:
+    """A pull reply's ``LogGroupList``, without the required-field walk: every group in it
+    was checked when it was written, and the walk costs as much as the parse itself (about
+    2 µs a log, half of what a consumer spends per log). A reply that is not a protobuf
+    ``LogGroupList`` still raises ``PostBodyInvalid``."""
+    message = LogGroupList()
+    try:
+        message.ParseFromString(raw)
+    except DecodeError as exc:
+        raise PostBodyInvalid("body is not a protobuf LogGroupList") from exc
+    return message
 
 
 def _parse(message_class: type[LogGroup], raw: bytes) -> LogGroup:
