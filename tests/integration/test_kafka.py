@@ -149,10 +149,6 @@ def test_confluent_kafka_produces_with_every_compression_and_reads_back(
     )
 
 
-# Known bug, open: about one run in four, kafka-python (the leader) rejoins right after its
-# SyncGroup and the second rebalance does not complete before the deadline, so kafka-python
-# holds nothing. Run by `make test-slow` until the coordinator is fixed.
-@pytest.mark.slow
 def test_a_group_of_both_clients_shares_the_partitions_and_resumes_from_commits(
     server: ServerProcess, sdk: LogClient
 ) -> None:
@@ -167,10 +163,13 @@ def test_a_group_of_both_clients_shares_the_partitions_and_resumes_from_commits(
          "session.timeout.ms": 6000}
     )  # fmt: skip
     ck.subscribe([topic])
-    # both members hold partitions before anything is written
+    # both members hold partitions before anything is written. kafka-python's poll must
+    # outlast a rebalance: 3.0.12 drops a join that completed between two polls and joins
+    # again (its ``_join_task.is_done`` check), which against any broker loops while the
+    # other member keeps rejoining (docs/kafka.md)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not (kp.assignment() and ck.assignment()):
-        kp.poll(timeout_ms=100)
+        kp.poll(timeout_ms=1500)
         ck.poll(0.1)
     kp_parts = {p.partition for p in kp.assignment()}
     ck_parts = {p.partition for p in ck.assignment()}
@@ -533,7 +532,8 @@ def test_members_of_both_clients_join_and_leave_without_losing_or_repeating_reco
             if until_all_read and sum(map(len, read.values())) >= len(sent):
                 return
             if "kp" in members:
-                for records in members["kp"].poll(timeout_ms=50).values():
+                # long enough to outlast a rebalance (see the mixed group test above)
+                for records in members["kp"].poll(timeout_ms=1000).values():
                     read["kp"].extend(r.value for r in records)
             if "ck" in members:
                 message = members["ck"].poll(0.05)
@@ -545,7 +545,7 @@ def test_members_of_both_clients_join_and_leave_without_losing_or_repeating_reco
         auto_offset_reset="earliest", auto_commit_interval_ms=200, heartbeat_interval_ms=200,
     )  # fmt: skip
     while not kp.assignment():
-        kp.poll(timeout_ms=100)
+        kp.poll(timeout_ms=1000)
     produce(0)
     poll({"kp": kp}, 15)  # kp alone
     ck = Consumer(
