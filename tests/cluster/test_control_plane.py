@@ -230,3 +230,14 @@ def test_no_member_reachable_is_a_control_plane_error() -> None:
                 await store.get("/t/x")
 
     run(scenario())
+
+
+def test_the_kafka_listener_is_refused_in_a_cluster(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "loghub", "serve", "--data-dir", str(tmp_path), "--port", "1",
+         "--kafka-port", "2", "--cluster", "etcd://127.0.0.1:1", "--node-id", "n1"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "does not run in a cluster" in result.stdout + result.stderr

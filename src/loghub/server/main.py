@@ -101,6 +101,11 @@ def check_kafka(config: ServerConfig) -> None:
     """The Kafka listener's settings, checked before anything listens."""
     if config.kafka_port is None:
         return
+    if config.cluster is not None:
+        raise ParameterInvalid(
+            "the Kafka listener does not run in a cluster yet (docs/cluster.md): leave out"
+            " --kafka-port or --cluster"
+        )
     if not config.kafka_topic_separator or config.limits.logs_per_group_max > 1 << 20:
         raise ParameterInvalid(
             "the Kafka listener needs a topic separator and logs_per_group_max <= 1048576"
