@@ -11,7 +11,6 @@ their data by the tests.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -93,12 +92,15 @@ class EtcdCluster:
             "--auto-compaction-retention", "1", "--logger", "zap",
             "--log-outputs", str(log_path),
         ]  # fmt: skip
+        # setpriv (util-linux) asks the kernel for SIGKILL when the thread that started the
+        # member ends, then execs etcd: a killed test run leaves no member behind. Not
+        # preexec_fn: Python code between fork and exec can hang in a process with gRPC's
+        # threads (the etcd client's).
         member.proc = subprocess.Popen(
-            args,
+            ["setpriv", "--pdeathsig", "KILL", *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
 
     def kill(self, member: Member) -> None:
@@ -145,16 +147,6 @@ class EtcdCluster:
                     os.kill(member.proc.pid, signal.SIGCONT)
                     os.kill(member.proc.pid, signal.SIGKILL)
                 member.proc.wait(timeout=10)
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: the kernel sends SIGKILL when the thread that started the
-    member ends (the test's main thread: start members from it, not from a worker thread),
-    so a test run that is killed leaves no etcd member behind."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def _post(member: Member, path: str, body: dict[str, object]) -> dict[str, object]:
