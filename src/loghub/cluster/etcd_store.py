@@ -192,7 +192,8 @@ class EtcdStore:
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
-            await self._client.close()
+            # bounded: closing a channel with a watch still open can wait on the server
+            await asyncio.wait_for(self._client.close(), self._call_timeout_s)
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[_T]]) -> _T:
         """Runs an idempotent call, retrying transient failures within the retry budget."""

@@ -46,6 +46,8 @@ __all__ = ["LocalLogs", "NodeAgent"]
 
 log = logging.getLogger("loghub.cluster")
 
+_STOP_WAIT_S = 3.0
+
 
 class LocalLogs(Protocol):
     """What the agent needs of the node's own storage (blocking; run in a thread)."""
@@ -109,10 +111,11 @@ class NodeAgent:
         self._stopping = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await self.membership.stop()
+        if self._tasks:
+            # a task stuck in the etcd client (a watch being torn down) must not hold the
+            # node's shutdown: it is left behind after a bound
+            await asyncio.wait(self._tasks, timeout=_STOP_WAIT_S)
+        await asyncio.wait_for(self.membership.stop(), _STOP_WAIT_S)
 
     # --- the view -----------------------------------------------------------------------
 
