@@ -178,7 +178,10 @@ class Controller:
                 async for _event in self.store.watch_prefix(prefix):
                     self.wake()
             except ControlPlaneError:
-                await asyncio.sleep(0.2)
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError from None  # asked to stop (see node.py)
+            await asyncio.sleep(0.2)
 
     async def run_round(self, fence: Fence) -> None:
         nodes = await read_nodes(self.store)

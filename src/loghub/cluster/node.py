@@ -49,6 +49,15 @@ log = logging.getLogger("loghub.cluster")
 _STOP_WAIT_S = 3.0
 
 
+def _end_if_cancelled() -> None:
+    """Ends a loop whose task was asked to stop: the etcd client may turn the cancellation of
+    a watch into an error of its own, which the loop would otherwise take for a broken watch
+    and retry forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class LocalLogs(Protocol):
     """What the agent needs of the node's own storage (blocking; run in a thread)."""
 
@@ -139,11 +148,12 @@ class NodeAgent:
     _controller_id: str | None = None
 
     async def _watch(self, prefix: str, reload: Callable[[], object]) -> None:
-        while True:
+        while not self._stopping:
             try:
                 async for _event in self.store.watch_prefix(prefix):
                     await reload()  # type: ignore[misc]
             except ControlPlaneError as exc:
+                _end_if_cancelled()
                 log.warning("watch of %s broke (%s); reading again", prefix, exc)
             await asyncio.sleep(0.2)
             with contextlib.suppress(ControlPlaneError):
