@@ -326,3 +326,40 @@ def test_a_node_paused_past_its_lease_rejoins(cluster: LogHubCluster) -> None:
     assert f"n{index}" in {n["node"] for n in cluster.status()["nodes"]}  # type: ignore[attr-defined]
     with sdk(node) as client:
         put(client, "spread", "after-pause", 10)
+
+
+def logstore_dirs(node: ServerProcess, logstore: str) -> list[Path]:
+    return sorted(node.data_dir.glob(f"**/{PROJECT}/{logstore}-*"))
+
+
+def test_a_deleted_logstore_leaves_no_data_on_any_node(cluster: LogHubCluster) -> None:
+    """Each node holds the logs of the shards it owned; deleting the logstore through one
+    node removes them from all, also from a node that was down when it happened."""
+    with sdk(cluster.nodes[0]) as client:
+        client.create_logstore(PROJECT, "doomed", shard_count=3)
+    wait_owned(cluster, "doomed", {0, 1, 2})
+    owners = placement_owners(cluster, "doomed")
+    with sdk(cluster.nodes[0]) as client:
+        for key in ("00" * 16, "60" + "00" * 15, "c0" + "00" * 15):
+            put(client, "doomed", "bye", 10, hash_key=key)
+    holders = {int(owner[1:]) for owner in owners.values()}
+    assert holders == {0, 1, 2}
+    assert all(logstore_dirs(cluster.nodes[i], "doomed") for i in holders)
+    controller = cluster.status()["controller"]
+    away = next(i for i in (2, 1) if f"n{i}" != controller)
+    cluster.nodes[away].stop()
+    try:
+        with sdk(cluster.nodes[0]) as client:
+            client.delete_logstore(PROJECT, "doomed")
+        deadline = time.monotonic() + 10
+        while any(logstore_dirs(cluster.nodes[i], "doomed") for i in holders - {away}):
+            assert time.monotonic() < deadline, "a live node kept a deleted logstore's data"
+            time.sleep(0.1)
+        assert logstore_dirs(cluster.nodes[away], "doomed")  # it was down
+    finally:
+        cluster.start_node(away)
+    deadline = time.monotonic() + 10
+    while logstore_dirs(cluster.nodes[away], "doomed"):
+        assert time.monotonic() < deadline, "a returning node kept a deleted logstore's data"
+        time.sleep(0.1)
+    cluster.wait_placed()

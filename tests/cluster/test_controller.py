@@ -71,6 +71,9 @@ class MemoryLogs:
         self.sealed[shard_id] = 100 + shard_id
         return self.sealed[shard_id]
 
+    def drop_deleted_logs(self) -> list[str]:
+        return []
+
 
 @pytest.fixture(scope="module")
 def etcd() -> Iterator[EtcdCluster]:

@@ -125,6 +125,24 @@ def test_a_change_is_read_at_once_by_its_writer_and_soon_by_another_node(
     print(f"a new logstore was seen by the other node after {delay_s * 1e6:.0f} µs")
 
 
+def test_deleted_logstores_are_remembered_for_every_node(
+    nodes: tuple[EtcdMetadataStore, EtcdMetadataStore],
+) -> None:
+    """The storage keys of deleted logstores stay known to every node (also one opened
+    later), so each can remove its own data; a logstore made again is not among them."""
+    a, b = nodes
+    a.create_project("gone")
+    first = a.create_logstore("gone", LogstoreSpec("one", shard_count=1))
+    second = a.create_logstore("gone", LogstoreSpec("two", shard_count=1))
+    a.delete_logstore("gone", "one")
+    again = a.create_logstore("gone", LogstoreSpec("one", shard_count=1))
+    assert first.storage_key in a.deleted_storage_keys()  # read-your-writes
+    a.delete_project("gone")
+    keys = {first.storage_key, second.storage_key, again.storage_key}
+    seen_within(lambda: keys <= b.deleted_storage_keys() or _fail())
+    assert again.storage_key != first.storage_key
+
+
 def test_concurrent_creates_of_one_logstore_on_two_nodes_make_exactly_one(
     nodes: tuple[EtcdMetadataStore, EtcdMetadataStore],
 ) -> None:

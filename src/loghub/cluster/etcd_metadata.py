@@ -13,6 +13,9 @@ Key layout (``prefix`` is ``/loghub/meta/`` unless told otherwise; names cannot 
     {prefix}groups/{project}/{logstore}/{group}             {"timeout_s", "ordered", "w"}
     {prefix}checkpoints/{project}/{logstore}/{group}/{shard} {"cursor", "consumer",
                                                              "update_time_us", "w"}
+    {prefix}deleted/{storage_key}                           {"deleted_at_s", "w"}: a deleted
+                                                             logstore whose data every node
+                                                             removes from its own disk
     {prefix}sync                                            written to learn "now" (below)
 
 A logstore is one key holding all its shards (``[id, status, begin_hex, end_hex, created_s,
@@ -152,7 +155,7 @@ class _Change(Generic[_T]):
 
 
 # The sections of the key layout, each cached in the store's attribute of the same name.
-_SECTIONS = ("projects", "logstores", "groups", "checkpoints")
+_SECTIONS = ("projects", "logstores", "groups", "checkpoints", "deleted")
 
 
 class EtcdMetadataStore:
@@ -176,6 +179,7 @@ class EtcdMetadataStore:
         self._logstores: dict[tuple[str, str], _Versioned[CachedLogstore]] = {}
         self._groups: dict[GroupKey, _Versioned[ConsumerGroupDef]] = {}
         self._checkpoints: dict[GroupKey, dict[int, Checkpoint]] = {}
+        self._deleted: dict[str, int] = {}  # storage key -> deleted at (s)
         self._applied_revision = 0
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._loop = asyncio.new_event_loop()
@@ -255,6 +259,7 @@ class EtcdMetadataStore:
                 Delete(logstores, prefix=True),
                 Delete(self._key("groups", name, ""), prefix=True),
                 Delete(self._key("checkpoints", name, ""), prefix=True),
+                *(self._tombstone(logstore) for logstore in gone),
             ]
             return _Change(compare, ops, gone)
 
@@ -331,6 +336,7 @@ class EtcdMetadataStore:
                 Delete(key),
                 Delete(self._key("groups", project, name, ""), prefix=True),
                 Delete(self._key("checkpoints", project, name, ""), prefix=True),
+                self._tombstone(cached.value.logstore),
             ]
             compare = [Compare(key, "mod", "==", cached.mod_revision)]
             return _Change(compare, ops, cached.value.logstore)
@@ -397,6 +403,18 @@ class EtcdMetadataStore:
         return self._write(plan)
 
     # -- the cluster's moves (``loghub.cluster.controller.Catalog``) -------------------------
+
+    def deleted_storage_keys(self) -> frozenset[str]:
+        """The storage keys of every logstore deleted so far. A logstore's data lies on the
+        nodes that owned its shards, not only on the node that took the delete: each node
+        removes what it holds of these (also a node that was down when it happened). A
+        storage key holds a random part, so a logstore made again under the same name never
+        has a deleted key."""
+        return frozenset(self._deleted)
+
+    def _tombstone(self, logstore: Logstore) -> Put:
+        value = {"deleted_at_s": self._now_s()}
+        return Put(self._key("deleted", *logstore.storage_key.split("/")), _encode(value))
 
     def all_logstores(self) -> list[tuple[str, str]]:
         """(project, logstore) of every logstore, sorted."""
@@ -662,6 +680,9 @@ class EtcdMetadataStore:
                 shards = dict(records.get(group, {}))
                 _set(shards, shard_id, deleted, lambda: _checkpoint_of(shard_id, entry))
                 _set(records, group, not shards, lambda: shards)
+            elif section == "deleted" and len(names) == 2:
+                at_s = int(_decode(entry)["deleted_at_s"])
+                _set(records, "/".join(names), deleted, lambda: at_s)
             else:
                 log.error("a metadata key outside the layout: %s", entry.key)
         except (ValueError, KeyError, TypeError, AssertionError) as exc:

@@ -47,6 +47,8 @@ __all__ = ["LocalLogs", "NodeAgent"]
 log = logging.getLogger("loghub.cluster")
 
 _STOP_WAIT_S = 3.0
+# how often a node looks for data of deleted logstores on its disk
+_DROP_INTERVAL_S = 2.0
 
 
 def _end_if_cancelled() -> None:
@@ -63,6 +65,10 @@ class LocalLogs(Protocol):
 
     def seal_log(self, project: str, logstore: str, shard_id: int) -> int:
         """Seals the node's log of a shard for good; returns its end sequence."""
+        ...
+
+    def drop_deleted_logs(self) -> list[str]:
+        """Removes the node's data of logstores deleted in the cluster; returns their keys."""
         ...
 
 
@@ -113,6 +119,7 @@ class NodeAgent:
             asyncio.create_task(self._watch(PLACEMENT_PREFIX, self._reload_placements)),
             asyncio.create_task(self._run_controller()),
             asyncio.create_task(self._stay_member()),
+            asyncio.create_task(self._drop_deleted_logs()),
         ]
         await self._act_on_placements()
 
@@ -203,6 +210,17 @@ class NodeAgent:
             self.controller = Controller(self.store, self.role, self.catalog,
                                          self.round_interval_s)  # fmt: skip
             await self._act_on_placements()
+
+    async def _drop_deleted_logs(self) -> None:
+        """A deleted logstore's data lies on every node that owned one of its shards; each
+        removes its own, at start (a node that was down when the delete happened) and then
+        every few rounds."""
+        while True:
+            try:
+                await asyncio.to_thread(self.local.drop_deleted_logs)
+            except (OSError, LogHubError) as exc:
+                log.warning("removing the data of deleted logstores failed: %s", exc)
+            await asyncio.sleep(_DROP_INTERVAL_S)
 
     # --- hand-overs ---------------------------------------------------------------------
 

@@ -707,6 +707,22 @@ class LogHubService:
         store = self.metadata.get_logstore(project, logstore)
         self.storage.shard(store.storage_key, shard_id).unseal()
 
+    def drop_deleted_logs(self) -> list[str]:
+        """Removes this node's data of logstores deleted anywhere in the cluster (the node
+        that took the delete removed its own at once); returns their storage keys. Only
+        keys the cluster recorded as deleted are touched, never a directory merely unknown
+        to the metadata: a node pointed at the wrong etcd must not wipe its disk."""
+        from loghub.cluster.etcd_metadata import EtcdMetadataStore  # cluster mode only
+
+        if not isinstance(self.metadata, EtcdMetadataStore):
+            return []
+        deleted = self.metadata.deleted_storage_keys()
+        dropped = [key for key in self.storage.logstore_keys() if key in deleted]
+        for key in dropped:
+            self.storage.drop_logstore(key)
+            log.info("removed the data of deleted logstore %s", key)
+        return dropped
+
     def seal_log(self, project: str, logstore: str, shard_id: int) -> int:
         """Seals this node's log of a shard for good (a hand-over, or a shard succeeded
         while this node was away); returns its end."""

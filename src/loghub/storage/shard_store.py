@@ -79,6 +79,20 @@ class ShardStore:
                 shutil.rmtree(directory)
                 fsync_directory(directory.parent)
 
+    def logstore_keys(self) -> list[str]:
+        """The keys (``project/<name>-<8 hex>``) of every logstore with a directory here."""
+        with self._lock:
+            self._check_open()
+            if not self.data_dir.is_dir():
+                return []
+            return sorted(
+                f"{project.name}/{logstore.name}"
+                for project in self.data_dir.iterdir()
+                if project.is_dir()
+                for logstore in project.iterdir()
+                if logstore.is_dir()
+            )
+
     def apply_retention(
         self, logstore_key: str, shard_ids: Iterable[int], now_ms: int, ttl_ms: int
     ) -> int:
