@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from loghub.cluster.etcd_store import EtcdStore, Fence
+from loghub.cluster.etcd_store import EtcdStore, Fence, end_if_cancelled
 from loghub.cluster.membership import DRAIN_PREFIX, NODES_PREFIX, ControllerRole, read_nodes
 from loghub.coordination.placement import NodeSlot, ShardRef, place
 from loghub.errors import ControlPlaneError, FencedError, LogHubError
@@ -178,9 +178,7 @@ class Controller:
                 async for _event in self.store.watch_prefix(prefix):
                     self.wake()
             except ControlPlaneError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise asyncio.CancelledError from None  # asked to stop (see node.py)
+                end_if_cancelled()
             await asyncio.sleep(0.2)
 
     async def run_round(self, fence: Fence) -> None:

@@ -68,7 +68,15 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Generic, TypeVar, cast
 
 from loghub._clock import Clock
-from loghub.cluster.etcd_store import Compare, Delete, Entry, EtcdStore, Fence, Put
+from loghub.cluster.etcd_store import (
+    Compare,
+    Delete,
+    Entry,
+    EtcdStore,
+    Fence,
+    Put,
+    end_if_cancelled,
+)
 from loghub.errors import (
     ConsumerGroupAlreadyExist,
     ConsumerGroupNotExist,
@@ -642,6 +650,7 @@ class EtcdMetadataStore:
                     delay_s = 0.05
                 log.info("the metadata watch ended; watching again")
             except ControlPlaneError as exc:
+                end_if_cancelled()
                 log.warning("the metadata watch broke (%s); reading again", exc)
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, 1.0)

@@ -49,6 +49,7 @@ __all__ = [
     "Fence",
     "Lease",
     "Put",
+    "end_if_cancelled",
     "parse_endpoints",
     "txn_ops_max",
 ]
@@ -72,6 +73,16 @@ _TRANSIENT = (
     aetcd.exceptions.InternalError,
     asyncio.TimeoutError,
 )
+
+
+def end_if_cancelled() -> None:
+    """Ends a loop whose task was asked to stop. Call it where a loop catches
+    ``ControlPlaneError``: the etcd client may turn the cancellation of a watch into an
+    error of its own, which the loop would otherwise take for a broken watch and retry
+    forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def parse_endpoints(url: str) -> list[tuple[str, int]]:

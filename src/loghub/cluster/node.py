@@ -31,7 +31,7 @@ from loghub.cluster.controller import (
     placement_key,
     read_placements,
 )
-from loghub.cluster.etcd_store import EtcdStore
+from loghub.cluster.etcd_store import EtcdStore, end_if_cancelled
 from loghub.cluster.membership import (
     CONTROLLER_KEY,
     NODES_PREFIX,
@@ -49,15 +49,6 @@ log = logging.getLogger("loghub.cluster")
 _STOP_WAIT_S = 3.0
 # how often a node looks for data of deleted logstores on its disk
 _DROP_INTERVAL_S = 2.0
-
-
-def _end_if_cancelled() -> None:
-    """Ends a loop whose task was asked to stop: the etcd client may turn the cancellation of
-    a watch into an error of its own, which the loop would otherwise take for a broken watch
-    and retry forever."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 class LocalLogs(Protocol):
@@ -160,7 +151,7 @@ class NodeAgent:
                 async for _event in self.store.watch_prefix(prefix):
                     await reload()  # type: ignore[misc]
             except ControlPlaneError as exc:
-                _end_if_cancelled()
+                end_if_cancelled()
                 log.warning("watch of %s broke (%s); reading again", prefix, exc)
             await asyncio.sleep(0.2)
             with contextlib.suppress(ControlPlaneError):
