@@ -65,6 +65,9 @@ class ShardInfo:
     children: tuple[int, ...] = ()
     close_time: int | None = None
     end_cursor: str | None = None  # a read-only shard's fixed end
+    # in a LogHub cluster: the node holding the shard's log, and its host:port while alive
+    node: str | None = None
+    node_address: str | None = None
 
     @property
     def writable(self) -> bool:
@@ -84,6 +87,8 @@ class ShardInfo:
             children=tuple(int(c) for c in body.get("children", ())),
             close_time=None if close_time is None else int(close_time),
             end_cursor=None if end_cursor is None else str(end_cursor),
+            node=None if body.get("node") is None else str(body["node"]),
+            node_address=None if body.get("nodeAddress") is None else str(body["nodeAddress"]),
         )
 
 

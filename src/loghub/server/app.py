@@ -71,6 +71,7 @@ from loghub.server.tail_waits import WaitEnd
 from loghub.wire.compression import choose_response_compression
 from loghub.wire.errors import error_body
 from loghub.wire.logs import (
+    OWNER_ONLY_HEADER,
     PULL_BYTES_MAX_HEADER,
     PULL_BYTES_MAX_PARAM,
     PULL_WAIT_MS_HEADER,
@@ -341,6 +342,11 @@ class LogHubApp:
         path: str = request.scope["path"]
         if path in ("/health", "/metrics") or is_console_path(path):
             return
+        self.service.metrics.count_request(self._api(request), status, elapsed_s)
+
+    def _api(self, request: Request) -> str:
+        """The request's metrics label (see ``api_label``)."""
+        path: str = request.scope["path"]
         method: str = request.scope["method"]
         parts = [p for p in path.split("/") if p]
         raw_query: bytes = request.scope.get("query_string", b"")
@@ -358,7 +364,7 @@ class LogHubApp:
             api = api_label(method, parts, query)
             if len(self._api_labels) < _API_LABELS_CACHED_MAX:
                 self._api_labels[key] = api
-        self.service.metrics.count_request(api, status, elapsed_s)
+        return api
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args))
@@ -702,8 +708,15 @@ class LogHubApp:
 
     async def _list_shards(self, call: _Call, logstore: str) -> Response:
         _refuse_selectors(call)
-        shards = self.service.metadata.list_shards(call.need_project(), logstore)
-        return _json([self.service.shard_json(s) for s in shards], call.request_id)
+        project = call.need_project()
+        shards = self.service.metadata.list_shards(project, logstore)
+        answer = [self.service.shard_json(s) for s in shards]
+        if self._cluster is not None:
+            # LogHub only: where each shard's log is, so that a reader (Spark's executors)
+            # can pull from that node and spare every pull a hop (see docs/protocol.md)
+            for body in answer:
+                body.update(self._cluster.shard_location(project, logstore, body["shardID"]))
+        return _json(answer, call.request_id)
 
     async def _shard(self, call: _Call, logstore: str, target: str) -> Response:
         project = call.need_project()
@@ -712,6 +725,13 @@ class LogHubApp:
             await self._cluster_placed(project, logstore, target)
             node, target = self._shard_node(call, project, logstore, target)
             if node is not None:
+                if call.headers.get(OWNER_ONLY_HEADER):
+                    # the client chose this node from a shard list that is out of date: it
+                    # goes back to its endpoint rather than have the request passed on
+                    raise ServerBusy(
+                        f"node {self._cluster.node_id} does not serve shard {target} of "
+                        f"{logstore} (node {node.node_id} does); list the shards again"
+                    )
                 return await self._forward(call, node)
         if call.method == "POST" and call.optional("action") is None:
             return await self._put_logs(call, project, logstore, target)
@@ -772,6 +792,7 @@ class LogHubApp:
 
     async def _forward(self, call: _Call, node: NodeInfo) -> Response:
         assert self._cluster is not None
+        self.service.metrics.forwarded.labels(self._api(call.request)).inc()
         scope = call.request.scope
         return await self._cluster.forward(
             node,

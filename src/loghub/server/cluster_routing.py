@@ -126,6 +126,20 @@ class ClusterRouting:
             )
         return node
 
+    def shard_location(self, project: str, logstore: str, shard_id: int) -> dict[str, str]:
+        """What ListShards adds to a shard in a cluster: the id of the node that holds its
+        log (``node``) and, while that node is alive, its ``host:port`` (``nodeAddress``);
+        nothing for a shard not placed yet. A hint for readers, never a promise: the
+        shard may move after the answer, and its owner then refuses owner-only requests."""
+        assert self.agent is not None
+        owner = self.agent.owner_id(project, logstore, shard_id)
+        if owner is None:
+            return {}
+        node = self.agent.nodes.get(owner)
+        if node is None:
+            return {"node": owner}
+        return {"node": owner, "nodeAddress": node.advertise}
+
     async def placed(self, project: str, logstore: str, shard_id: int) -> None:
         """Waits, up to ``placement_wait_s``, until a shard has an owner: a logstore just
         created, or a split's children, are placed by the controller within milliseconds,

@@ -19,6 +19,7 @@ What is counted where, and what it costs:
 - On every heartbeat of a server-side consumer group: a counter, and counters of rebalances
   (the assignment changed) and hand-offs (a shard went from one consumer to another).
 - On every error answer: a counter by LogHub error code.
+- In a cluster, on every request passed on to another node: a counter by API.
 - At scrape time only: disk bytes per logstore, free space, and each group's lag per shard,
   read by a collector from the service (``SnapshotSource``). Their cost grows with the number
   of shards and groups and is paid by the scraper, never by the data path.
@@ -171,6 +172,14 @@ class ServerMetrics:
             "loghub_consumer_group_handoffs",
             "Shards that went from one live consumer to another.",
             _GROUP_LABELS, registry=self.registry,
+        )  # fmt: skip
+        # in a cluster: how many requests a node could not serve itself (its clients' shard
+        # lists, or their choice of node, cost a hop); a pull here means a reader that did not
+        # go to the shard's owner
+        self.forwarded = Counter(
+            "loghub_cluster_forwarded_requests",
+            "Requests passed on to the node that serves them (cluster mode), by API.",
+            ["api"], registry=self.registry,
         )  # fmt: skip
         self._tally_lock = threading.Lock()
         self._shards: dict[tuple[str, str, int], _ShardTally] = {}

@@ -6,20 +6,34 @@ twice cost about a third of its time.
 
 A client holds an HTTP connection pool, so it is opened where it is used (in ``read()``,
 ``latestOffset()``), never in a reader's ``__init__``: readers are pickled.
+
+In a LogHub cluster any node answers a pull, passing it on to the node that holds the shard
+when that is another one: a hop that carries every byte twice. ListShards names each shard's
+node there, so ``ShardPulls`` sends a range's pulls to that node itself, marked owner-only;
+when the node cannot be reached or says the shard is no longer its own (the shard moved
+after planning), the rest of the range is pulled through the connection's endpoint, which
+finds the shard wherever it is now.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+import logging
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import httpx
+
 from loghub.client import LogHubClient
-from loghub.errors import InvalidCursor
+from loghub.errors import InvalidCursor, ServerBusy, TransportError
 from loghub.spark.offsets import ShardExtent
 from loghub.spark.options import Connection
 from loghub.wire.cursor import decode_cursor, encode_cursor
+from loghub.wire.logs import OWNER_ONLY_HEADER
 
-__all__ = ["RawPull", "RawPullClient", "list_extents"]
+__all__ = ["RawPull", "RawPullClient", "ShardPulls", "list_extents", "node_endpoint"]
+
+log = logging.getLogger("loghub.spark")
 
 PULL_GROUPS_MAX = 1000  # the service's limit for one pull
 
@@ -32,6 +46,21 @@ class RawPull:
 
 
 class RawPullClient(LogHubClient):
+    owner_only = False  # set on a client of the node that holds the shard (see ShardPulls)
+
+    def _request(
+        self,
+        method: str,
+        project: str | None,
+        path: str,
+        query: Sequence[tuple[str, str]] = (),
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        if self.owner_only:
+            headers = {**(headers or {}), OWNER_ONLY_HEADER: "1"}
+        return super()._request(method, project, path, query, body, headers)
+
     def pull_raw(
         self,
         project: str,
@@ -55,20 +84,51 @@ class RawPullClient(LogHubClient):
         )
         return RawPull(pull.data, pull.count, decode_cursor(pull.next_cursor))
 
+
+def node_endpoint(endpoint: str, node_address: str) -> str:
+    """The URL of a cluster node at ``node_address`` (host:port), with the scheme of the
+    connection's ``endpoint``: the nodes of one cluster all speak http or all https."""
+    https = endpoint.strip().lower().startswith("https://")
+    return f"{'https' if https else 'http'}://{node_address}"
+
+
+class ShardPulls:
+    """The pulls of one shard range, from the node holding the shard when the shard list
+    named one, else (and once that node fails) through the connection's endpoint."""
+
+    def __init__(self, connection: Connection, node_address: str | None) -> None:
+        self._connection = connection
+        self.from_node = node_address is not None
+        if node_address is None:
+            self.client = connection.client_of(RawPullClient)
+        else:
+            direct = dataclasses.replace(
+                connection, endpoint=node_endpoint(connection.endpoint, node_address)
+            )
+            self.client = direct.client_of(RawPullClient)
+            self.client.owner_only = True
+
+    def close(self) -> None:
+        self.client.close()
+
     def iter_range(
-        self,
-        project: str,
-        logstore: str,
-        shard_id: int,
-        start_seq: int,
-        end_seq: int,
-        compress_type: str = "lz4",
+        self, shard_id: int, start_seq: int, end_seq: int, compress_type: str = "lz4"
     ) -> Iterator[RawPull]:
         """Every group of ``[start_seq, end_seq)``; ``InvalidCursor`` when the service no
         longer (or does not yet) hold all of them."""
+        project, logstore = self._connection.project, self._connection.logstore
         seq = start_seq
         while seq < end_seq:
-            pull = self.pull_raw(project, logstore, shard_id, seq, end_seq, compress_type)
+            try:
+                pull = self.client.pull_raw(project, logstore, shard_id, seq, end_seq,
+                                            compress_type)  # fmt: skip
+            except (TransportError, ServerBusy) as exc:
+                if not self.from_node:
+                    raise
+                log.info("shard %d: its node failed (%s); pulling through %s", shard_id, exc,
+                         self._connection.endpoint)  # fmt: skip
+                self._fall_back()
+                continue
             if pull.count == 0 or pull.next_seq != seq + pull.count:
                 raise InvalidCursor(
                     f"shard {shard_id}: groups [{seq}, {end_seq}) should be readable, but a "
@@ -76,6 +136,11 @@ class RawPullClient(LogHubClient):
                 )
             yield pull
             seq = pull.next_seq
+
+    def _fall_back(self) -> None:
+        self.client.close()
+        self.client = self._connection.client_of(RawPullClient)
+        self.from_node = False
 
 
 def list_extents(
@@ -103,6 +168,7 @@ def list_extents(
                 read_only=not shard.writable,
                 parents=shard.parents,
                 at_time=at_time,
+                node_address=shard.node_address,
             )
         )
     return sorted(extents, key=lambda extent: extent.shard_id)

@@ -43,6 +43,9 @@ class ShardExtent:
     read_only: bool = False
     parents: tuple[int, ...] = ()
     at_time: int | None = None  # the position for a `time` Position, when one was asked for
+    # host:port of the LogHub cluster node holding the shard's log: where its partitions pull
+    # from (planning ignores it)
+    node_address: str | None = None
 
     def __post_init__(self) -> None:
         assert 0 <= self.begin <= self.end, self

@@ -41,7 +41,7 @@ from pyspark.sql.types import StructType
 from loghub.client import LogHubClient
 from loghub.errors import ConsumerGroupAlreadyExist, ParameterInvalid
 from loghub.spark import _decode
-from loghub.spark._client import RawPullClient, list_extents
+from loghub.spark._client import ShardPulls, list_extents
 from loghub.spark._prefetch import prefetched
 from loghub.spark.offsets import ShardExtent, plan_end, resolve_position
 from loghub.spark.options import (
@@ -69,11 +69,14 @@ _PREFETCH_BATCHES = 2  # record batches decoded ahead of Spark, per task
 
 @dataclass
 class ShardRange(InputPartition):
-    """Groups ``[start, end)`` of one shard: one partition of a batch."""
+    """Groups ``[start, end)`` of one shard: one partition of a batch. ``node_address`` is
+    where the shard's log was at planning, in a LogHub cluster: the executor pulls from
+    there (see ``ShardPulls``)."""
 
     shard_id: int
     start: int
     end: int
+    node_address: str | None = None
 
 
 class LogHubDataSource(DataSource):
@@ -121,6 +124,8 @@ class _Reader:
     def __init__(self, options: ReadOptions) -> None:
         self._options = options
         self._client: LogHubClient | None = None
+        # shard id -> host:port of its cluster node, from the last shard list (planning only)
+        self._nodes: dict[int, str] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -139,7 +144,13 @@ class _Reader:
 
     def _extents(self, position: Position | None = None) -> list[ShardExtent]:
         at_time = position.time_s if position is not None and position.kind == "time" else None
-        return list_extents(self._planning_client(), self._options.connection, at_time)
+        extents = list_extents(self._planning_client(), self._options.connection, at_time)
+        self._nodes = {e.shard_id: e.node_address for e in extents if e.node_address}
+        return extents
+
+    def _range(self, shard: str, start: int, end: int) -> ShardRange:
+        assert self._nodes is not None, "partitions are planned from a shard list"
+        return ShardRange(int(shard), start, end, self._nodes.get(int(shard)))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """The rows of one shard range as Arrow record batches, in sequence order; pulled and
@@ -149,30 +160,24 @@ class _Reader:
         return prefetched(lambda: self._read_range(partition), _PREFETCH_BATCHES)
 
     def _read_range(self, partition: ShardRange) -> Iterator[Any]:
-        connection = self._options.connection
-        client = connection.client_of(RawPullClient)
+        pulls = ShardPulls(self._options.connection, partition.node_address)
         try:
             pending: list[bytes] = []
             pending_bytes, first_seq, seq = 0, partition.start, partition.start
-            for pull in client.iter_range(
-                connection.project,
-                connection.logstore,
-                partition.shard_id,
-                partition.start,
-                partition.end,
-                self._options.pull_compression,
+            for pull in pulls.iter_range(
+                partition.shard_id, partition.start, partition.end, self._options.pull_compression
             ):
                 pending.append(pull.data)
                 pending_bytes += len(pull.data)
                 seq = pull.next_seq
                 if pending_bytes >= _DECODE_BYTES_MIN or seq >= partition.end:
                     yield from self._batches(
-                        client, partition.shard_id, first_seq, b"".join(pending)
+                        pulls.client, partition.shard_id, first_seq, b"".join(pending)
                     )
                     pending, pending_bytes, first_seq = [], 0, seq
             assert not pending and seq == partition.end, (seq, partition)
         finally:
-            client.close()
+            pulls.close()
 
     def _batches(
         self, client: LogHubClient, shard_id: int, first_seq: int, data: bytes
@@ -216,7 +221,7 @@ class LogHubBatchReader(_Reader, DataSourceReader):
         finally:
             self._close_client()
         return [
-            ShardRange(int(key), start[key], end[key])
+            self._range(key, start[key], end[key])
             for key in sorted(start, key=int)
             if key in end and end[key] > start[key]
         ]
@@ -253,8 +258,12 @@ class LogHubStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailab
         return self._latest
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[ShardRange]:
+        if self._nodes is None:
+            # a batch replayed from the checkpoint after a restart is planned before any
+            # latestOffset: one shard list tells where the shards are
+            self._extents()
         return [
-            ShardRange(int(key), start[key], end[key])
+            self._range(key, start[key], end[key])
             for key in sorted(end, key=int)
             if key in start and end[key] > start[key]
         ]

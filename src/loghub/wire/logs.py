@@ -20,6 +20,11 @@ groups, or its first group whatever its size, and echoes the bound it applied in
 ``x-loghub-max-bytes`` header, so a client can tell a server that honoured it from one that
 ignored it.
 
+In a cluster, ListShards names each shard's node (``node``, ``nodeAddress``), and a client
+that sends a shard's pulls straight to that node marks them ``x-loghub-owner-only: 1``: a
+node that does not own the shard (any more) then answers ``ServerBusy`` instead of passing
+the request on, so the client learns its list is stale and can go back to its endpoint.
+
 Pure functions; thread-safe.
 """
 
@@ -34,6 +39,7 @@ from loghub.errors import PostBodyInvalid
 from loghub.wire.proto import LogGroup, LogGroupList
 
 __all__ = [
+    "OWNER_ONLY_HEADER",
     "PULL_BYTES_MAX_HEADER",
     "PULL_BYTES_MAX_PARAM",
     "PULL_WAIT_MS_HEADER",
@@ -55,6 +61,8 @@ PULL_BYTES_MAX_HEADER = "x-loghub-max-bytes"
 # reply echoes the wait the server applied (0: it did not wait).
 PULL_WAIT_MS_PARAM = "loghub_wait_ms"
 PULL_WAIT_MS_HEADER = "x-loghub-wait-ms"
+# a shard request sent to the node ListShards named: served there, or refused, never passed on
+OWNER_ONLY_HEADER = "x-loghub-owner-only"
 
 _LOG_GROUP_LIST_ENTRY_TAG = b"\x0a"  # field 1 (LogGroups), wire type 2 (length-delimited)
 
