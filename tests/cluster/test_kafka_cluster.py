@@ -6,26 +6,33 @@ producers go on writing to the others, the shards that took its hash ranges amon
 
 from __future__ import annotations
 
+import asyncio
+import os
 import socket
 import struct
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from cluster_nodes import NODE_TTL_S, LogHubCluster, running_cluster
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer
 from confluent_kafka import TopicPartition as CkPartition
+from server_process import free_port
 
 from loghub.client import LogHubClient
 from loghub.cluster.membership import kafka_broker_id
+from loghub.cluster.status import set_drain
 from loghub.wire.kafka.codec import decode_response, encode_request
 from loghub.wire.kafka.records import Record, build_batch
 
 with warnings.catch_warnings():  # kafka-python 3.0 reads its specs with a deprecated call
     warnings.simplefilter("ignore", DeprecationWarning)
-    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
     from kafka.admin import NewTopic
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -212,6 +219,54 @@ def test_clients_bootstrapped_from_one_node_reach_every_partition_leader(
     )  # fmt: skip
 
 
+def test_a_produce_to_a_read_only_partition_reaches_a_writable_shard_on_another_node(
+    cluster: LogHubCluster,
+) -> None:
+    """A drained node keeps its read-only partitions and holds no writable shard: a record
+    produced to one of them goes, as a PutLogs, to a node that holds a writable shard."""
+    topic = f"{PROJECT}.drained"
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap(cluster, 2))
+    try:
+        admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])
+    finally:
+        admin.close()
+    deadline = time.monotonic() + 20
+    while len(owners := cluster.owners(PROJECT, "drained")) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    drained = int(owners[0][1:])
+    asyncio.run(set_drain(cluster.etcd.url, f"n{drained}", True))
+    try:
+        with LogHubClient(cluster.nodes[drained].endpoint) as client:
+            while True:  # its writable shard of the logstore was handed over
+                owners = cluster.owners(PROJECT, "drained")
+                shards = client.list_shards(PROJECT, "drained")
+                writable = [s.shard_id for s in shards if s.status == "readwrite"]
+                if shards[0].status == "readonly" and all(
+                    owners.get(s, f"n{drained}") != f"n{drained}" for s in writable
+                ):
+                    break
+                assert time.monotonic() < deadline + 20, (owners, shards)
+                time.sleep(0.05)
+        answer = produce(cluster.kafka_ports[drained], topic, 0, b"redirected")
+        assert (answer["ErrorCode"], answer["BaseOffset"]) == (0, -1)
+        partitions = sorted(leaders(cluster.kafka_ports[0], topic))
+        consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap(cluster, 0), auto_offset_reset="earliest"
+        )
+        consumer.assign([TopicPartition(topic, p) for p in partitions])
+        found: dict[bytes, int] = {}
+        while b"redirected" not in found:
+            assert time.monotonic() < deadline + 40
+            for records in consumer.poll(timeout_ms=500).values():
+                found.update((r.value, r.partition) for r in records)
+        consumer.close()
+        assert found[b"redirected"] in writable
+    finally:
+        asyncio.run(set_drain(cluster.etcd.url, f"n{drained}", False))
+    cluster.wait_placed()
+
+
 def test_producers_go_on_after_a_node_is_killed_and_read_everything_when_it_returns(
     cluster: LogHubCluster,
 ) -> None:
@@ -277,3 +332,20 @@ def test_producers_go_on_after_a_node_is_killed_and_read_everything_when_it_retu
          (("before", 9), ("after", 30), ("child", 5), ("parent", 5)) for i in range(count)]
     )  # fmt: skip
     print(f"node SIGKILL -> its partition's child led by a survivor after {moved_s:.2f} s")
+
+
+def test_a_node_whose_broker_id_a_live_node_has_exits_at_start(
+    cluster: LogHubCluster, tmp_path: Path
+) -> None:
+    clash = str(broker_of("n0"))  # a decimal node id is its own broker id
+    port = free_port()
+    result = subprocess.run(
+        [sys.executable, "-m", "loghub", "serve", "--data-dir", str(tmp_path), "--port",
+         str(port), "--cluster", cluster.etcd.url, "--node-id", clash,
+         "--kafka-port", str(free_port()), "--node-ttl-s", str(NODE_TTL_S)],
+        capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("LOGHUB_")},
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert f"node ids {clash} and n0 (live) give the same Kafka broker id" in result.stderr
+    assert clash not in {n["node"] for n in cluster.status()["nodes"]}  # type: ignore[attr-defined]

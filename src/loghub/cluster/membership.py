@@ -144,7 +144,11 @@ class NodeMembership:
         return not self.lost.is_set() and self._monotonic() - self._refreshed_at < self.ttl_s
 
     async def start(self) -> None:
-        """Takes the node's key. CoordinationError when a live node already has this id."""
+        """Takes the node's key. CoordinationError when a live node already has this id, or
+        its Kafka broker id."""
+        # before registering, so that a node refused never shows up to the controller (which
+        # would move shards to it); and again after, for two nodes starting at once
+        await self._check_broker_id()
         started = self._monotonic()
         self.lease = await self.store.grant_lease(self.ttl_s)
         entry = await self.store.create(self.key, self.info.encode(), self.lease)
@@ -163,9 +167,9 @@ class NodeMembership:
             raise
 
     async def _check_broker_id(self) -> None:
-        """Refuses a Kafka broker id that another live node with a Kafka listener has. Both
-        nodes are registered when this reads, so of two starting at once at least the later
-        one sees the other."""
+        """Refuses a Kafka broker id that another live node with a Kafka listener has. Read
+        after registering, of two nodes starting at once at least the later one sees the
+        other."""
         if not self.info.kafka:
             return
         for other in (await read_nodes(self.store)).values():

@@ -92,6 +92,10 @@ def serve(config: ServerConfig, front_ends: Sequence[FrontEnd] = ()) -> None:
     )
     try:
         uvicorn_server(app, config).run(sockets=[listener])
+    except SystemExit:
+        # uvicorn exits with its own status when the startup fails; the cause is the error
+        if app.startup_error is None:
+            raise
     finally:
         for stop in stops:
             stop()
