@@ -116,12 +116,17 @@ def broker_of(node_id: str) -> int:
 
 
 def consume_group(
-    cluster: LogHubCluster, topic: str, group: str, expected: int, timeout_s: float = 25
+    cluster: LogHubCluster,
+    topic: str,
+    group: str,
+    expected: int,
+    timeout_s: float = 25,
+    node: int = 0,
 ) -> list[bytes]:
-    """Reads ``expected`` records through group ``group`` (bootstrapped from node 0),
+    """Reads ``expected`` records through group ``group`` (bootstrapped from ``node``),
     commits and leaves."""
     consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap(cluster, 0), group_id=group,
+        topic, bootstrap_servers=bootstrap(cluster, node), group_id=group,
         auto_offset_reset="earliest", enable_auto_commit=False, heartbeat_interval_ms=300,
         session_timeout_ms=6000,
     )  # fmt: skip
@@ -349,3 +354,57 @@ def test_a_node_whose_broker_id_a_live_node_has_exits_at_start(
     assert result.returncode == 1, result.stderr[-2000:]
     assert f"node ids {clash} and n0 (live) give the same Kafka broker id" in result.stderr
     assert clash not in {n["node"] for n in cluster.status()["nodes"]}  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_a_group_resumes_from_its_commits_after_its_coordinator_is_killed(
+    tmp_path: Path,
+) -> None:
+    """The coordinator (the controller) is SIGKILLed: another node takes the role, the group
+    forms again there and resumes from the offsets it committed (checkpoints in etcd),
+    reading only what was written since, the shards that took the dead node's ranges
+    included."""
+    with running_cluster(tmp_path, 3, kafka=True) as cluster:
+        cluster.wait_placed()
+        with LogHubClient(cluster.nodes[0].endpoint) as client:
+            client.create_project(PROJECT, "")
+        topic = f"{PROJECT}.durable"
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap(cluster, 0))
+        try:
+            admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])
+        finally:
+            admin.close()
+        cluster.wait_placed(shards=3)
+        coordinator = str(cluster.status()["controller"])
+        survivor = next(i for i in range(3) if f"n{i}" != coordinator)
+        producer = KafkaProducer(
+            bootstrap_servers=bootstrap(cluster, survivor), acks="all", metadata_max_age_ms=500
+        )
+        for i in range(30):
+            producer.send(topic, value=f"old{i}".encode(), partition=i % 3).get(timeout=15)
+        old = consume_group(cluster, topic, "durable", 30, node=survivor)
+        assert sorted(old) == sorted(f"old{i}".encode() for i in range(30))
+
+        cluster.nodes[int(coordinator[1:])].kill()
+        killed = time.monotonic()
+        port = cluster.kafka_ports[survivor]
+        while True:  # a new controller, and a leader for every writable shard
+            status = cluster.status()
+            found = leaders(port, topic)
+            if (
+                status["controller"] not in (None, coordinator)
+                and len(found) > 3
+                and all(error == 0 for p, (error, _l) in found.items() if p >= 3)
+            ):
+                break
+            assert time.monotonic() - killed < NODE_TTL_S + 15, (status, found)
+            time.sleep(0.1)
+        took_over_s = time.monotonic() - killed
+        time.sleep(1.0)  # the producer's metadata shows the new partitions
+        futures = [producer.send(topic, value=f"new{i}".encode()) for i in range(20)]
+        for future in futures:
+            future.get(timeout=20)
+        producer.close()
+        new = consume_group(cluster, topic, "durable", 20, node=survivor)
+        assert sorted(new) == sorted(f"new{i}".encode() for i in range(20))
+        print(f"coordinator SIGKILL -> new coordinator and leaders after {took_over_s:.2f} s")
