@@ -944,12 +944,12 @@ class Broker:
     ) -> Message:
         described = []
         for group_id in request["Groups"]:
-            group = self.coordinator.describe(group_id)
             if self._not_coordinator(group_id):
                 described.append({"ErrorCode": NOT_COORDINATOR, "GroupId": group_id,
                                   "GroupState": "", "ProtocolType": "", "ProtocolData": "",
                                   "Members": []})  # fmt: skip
                 continue
+            group = self.coordinator.describe(group_id)
             if group is None:
                 described.append(
                     {
