@@ -168,6 +168,13 @@ def test_clients_bootstrapped_from_one_node_reach_every_partition_leader(
     assert {n["node"]: n["kafka_broker_id"] for n in status["nodes"]} == {  # type: ignore[attr-defined]
         f"n{i}": broker_of(f"n{i}") for i in range(3)
     }
+    table = subprocess.run(
+        [sys.executable, "-m", "loghub", "cluster", "status", "--cluster", cluster.etcd.url],
+        capture_output=True, text=True, timeout=60, check=True,
+        env={**os.environ, "COLUMNS": "200"},
+    ).stdout  # fmt: skip
+    for i in range(3):
+        assert f"127.0.0.1:{cluster.kafka_ports[i]} ({broker_of(f'n{i}')})" in table, table
     # a request sent straight to a node that does not hold the partition is refused
     held_by_0 = next(s for s, node in owners.items() if node == "n0")
     elsewhere = next(s for s, node in owners.items() if node != "n0")
