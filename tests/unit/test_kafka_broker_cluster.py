@@ -196,3 +196,26 @@ def test_a_produce_to_a_read_only_partition_goes_to_a_writable_shard_here_or_els
     assert produce(broker, 0)["ErrorCode"] == 0
     assert len(cluster.remote_appends) == 1  # written here, to shard 3
     assert service.shard_range("proj", "logs", 3) == (0, 1)
+
+
+def test_before_the_node_has_joined_it_leads_nothing_and_names_no_coordinator() -> None:
+    """The Kafka listener opens before the node's agent has started: its view is empty, and
+    requests get the errors that make clients retry, never a crash."""
+    from loghub.server.cluster_routing import ClusterRouting
+
+    routing = ClusterRouting(
+        "etcd://127.0.0.1:1", NodeInfo("n1", "h1:8080"), None, service_stub(), 3
+    )
+    view = KafkaCluster(routing, THIS)
+    assert view.brokers() == [THIS]
+    assert view.leader("proj", "logs", 0) == (None, -1)
+    assert not view.serves("proj", "logs", 0)
+    assert view.coordinator("g") is None and view.controller_id() == -1
+
+
+def service_stub() -> Any:
+    class Logs:
+        def seal_log(self, project: str, logstore: str, shard_id: int) -> int:
+            raise AssertionError("not called")
+
+    return Logs()

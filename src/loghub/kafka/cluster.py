@@ -102,7 +102,10 @@ class KafkaCluster:
 
     def coordinator(self, group_id: str) -> BrokerAddress | None:
         """The broker coordinating ``group_id``: this one, another, or None when there is
-        none now (no controller elected, or it has no Kafka listener)."""
+        none now (no controller elected, or it has no Kafka listener; or this node has not
+        joined the cluster yet: the listener opens before the node's agent starts)."""
+        if self._routing.agent is None:
+            return None
         try:
             node = self._routing.coordinator()
         except ServerBusy:
