@@ -211,6 +211,13 @@ def serve(
         str | None,
         typer.Option(help="host Kafka clients are told to connect to (default: --host)"),
     ] = None,
+    kafka_advertise: Annotated[
+        str | None,
+        typer.Option(
+            help="host:port Kafka clients and other nodes reach this node's Kafka listener at"
+            " (default: --kafka-advertised-host or --host, and --kafka-port)"
+        ),
+    ] = None,
     kafka_topic_separator: Annotated[
         str, typer.Option(help="Kafka topic = project<separator>logstore")
     ] = ServerConfig.kafka_topic_separator,
@@ -334,6 +341,7 @@ def serve(
         v1_project_binding=v1_project_binding,
         kafka_port=kafka_port,
         kafka_advertised_host=kafka_advertised_host,
+        kafka_advertise=kafka_advertise,
         kafka_topic_separator=kafka_topic_separator,
         kafka_initial_rebalance_delay_ms=kafka_initial_rebalance_delay_ms,
         # quotas
@@ -536,10 +544,11 @@ def cluster_status(cluster: ClusterUrl, as_json: AsJson = False) -> None:
         f"controller: {status['controller'] or '(none elected)'}"
         + (f" (epoch {status['controller_epoch']})" if status["controller"] else "")
     )
-    table = Table("node", "advertise", "rack", "draining", "shards")
+    table = Table("node", "advertise", "rack", "draining", "shards", "kafka (broker id)")
     for node in status["nodes"]:
+        kafka = f"{node['kafka']} ({node['kafka_broker_id']})" if node["kafka"] else ""
         table.add_row(node["node"], node["advertise"], node["rack"],
-                      "yes" if node["draining"] else "", str(node["shards"]))  # fmt: skip
+                      "yes" if node["draining"] else "", str(node["shards"]), kafka)  # fmt: skip
     console.print(table)
     gone = status["unavailable_shards"]
     console.print(f"unavailable shards: {len(gone)}")

@@ -2,7 +2,9 @@
 
 ``running_cluster(nodes=3)`` starts a 3-member etcd (tests/etcd.py) and the nodes on free
 loopback ports, each with its own data directory, and stops every process it started, by
-PID, at the end. Nodes can be SIGKILLed and started again with their data.
+PID, at the end. Nodes can be SIGKILLed and started again with their data. With
+``kafka=True`` each node also runs a Kafka listener, on a port of its own that it keeps
+across restarts (``kafka_ports``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from etcd import EtcdCluster, running_etcd
@@ -30,13 +32,19 @@ class LogHubCluster:
     nodes: list[ServerProcess]
     base: Path
     keys: dict[str, str]
+    kafka: bool = False
+    kafka_ports: dict[int, int] = field(default_factory=dict)
 
     def node_args(self, index: int, port: int) -> tuple[str, ...]:
-        return (
+        args: tuple[str, ...] = (
             "--cluster", self.etcd.url, "--node-id", f"n{index}",
             "--advertise", f"127.0.0.1:{port}", "--node-ttl-s", str(NODE_TTL_S),
             "--retention-interval-s", "3600",
         )  # fmt: skip
+        if self.kafka:
+            kafka_port = self.kafka_ports.setdefault(index, free_port())
+            args += ("--kafka-port", str(kafka_port), "--kafka-initial-rebalance-delay-ms", "100")
+        return args
 
     def start_node(self, index: int) -> ServerProcess:
         port = self.nodes[index].port if index < len(self.nodes) else free_port()
@@ -61,6 +69,20 @@ class LogHubCluster:
 
         return asyncio.run(cluster_status(self.etcd.url))
 
+    def owners(self, project: str, logstore: str) -> dict[int, str]:
+        """Shard id -> the node its placement record names."""
+        import asyncio
+
+        from loghub.cluster.controller import read_placements
+        from loghub.cluster.etcd_store import EtcdStore
+
+        async def read() -> dict[int, str]:
+            async with EtcdStore(self.etcd.url) as store:
+                record = (await read_placements(store)).get((project, logstore))
+                return dict(record.owners) if record else {}
+
+        return asyncio.run(read())
+
     def wait_placed(self, shards: int = 0, timeout_s: float = 30.0) -> None:
         """Until every live node is registered, at least ``shards`` shards are placed, and no
         shard waits for a node or a move."""
@@ -82,10 +104,10 @@ class LogHubCluster:
 
 @contextlib.contextmanager
 def running_cluster(
-    base: Path, nodes: int = 3, keys: dict[str, str] | None = None
+    base: Path, nodes: int = 3, keys: dict[str, str] | None = None, kafka: bool = False
 ) -> Iterator[LogHubCluster]:
     with running_etcd(3) as etcd:
-        cluster = LogHubCluster(etcd, [], base, keys or {})
+        cluster = LogHubCluster(etcd, [], base, keys or {}, kafka)
         try:
             for index in range(nodes):
                 cluster.start_node(index)

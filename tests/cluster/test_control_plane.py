@@ -26,6 +26,7 @@ from loghub.cluster.membership import (
     ControllerRole,
     NodeInfo,
     NodeMembership,
+    kafka_broker_id,
     read_nodes,
 )
 from loghub.errors import ControlPlaneError, CoordinationError, FencedError
@@ -232,12 +233,47 @@ def test_no_member_reachable_is_a_control_plane_error() -> None:
     run(scenario())
 
 
-def test_the_kafka_listener_is_refused_in_a_cluster(tmp_path: Path) -> None:
+def test_a_malformed_kafka_advertise_is_refused_before_anything_listens(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "loghub", "serve", "--data-dir", str(tmp_path), "--port", "1",
-         "--kafka-port", "2", "--cluster", "etcd://127.0.0.1:1", "--node-id", "n1"],
+         "--kafka-port", "2", "--kafka-advertise", "no-port", "--cluster",
+         "etcd://127.0.0.1:1", "--node-id", "n1"],
         capture_output=True, text=True, timeout=60,
         env={**os.environ, "PYTHONPATH": str(REPO / "src")},
     )  # fmt: skip
-    assert result.returncode != 0
-    assert "does not run in a cluster" in result.stdout + result.stderr
+    assert result.returncode == 1
+    assert "--kafka-advertise must be host:port" in result.stdout + result.stderr
+
+
+def test_node_records_carry_the_kafka_address_and_old_ones_still_decode() -> None:
+    info = NodeInfo("n1", "127.0.0.1:8080", "r1", kafka="127.0.0.1:9092")
+    assert NodeInfo.decode("n1", info.encode()) == info
+    old = b'{"advertise": "127.0.0.1:8080", "rack": "r1", "draining": false}'
+    assert NodeInfo.decode("n1", old) == NodeInfo("n1", "127.0.0.1:8080", "r1")
+    # a decimal node id is its own broker id; any other id hashes into int32's positive half
+    assert (kafka_broker_id("7"), kafka_broker_id(str(2**31 - 1))) == (7, 2**31 - 1)
+    for node_id in ("n0", "n1", "node-a", str(2**31), "é"):
+        assert 0 <= kafka_broker_id(node_id) < 2**31
+        assert kafka_broker_id(node_id) == kafka_broker_id(node_id)
+    assert len({kafka_broker_id(f"n{i}") for i in range(100)}) == 100
+
+
+def test_a_node_whose_kafka_broker_id_a_live_node_has_is_refused(etcd: EtcdCluster) -> None:
+    """Node ids whose broker ids collide: the second node with a Kafka listener may not
+    start while the first lives, and leaves no record behind; without a listener it may."""
+    clash = str(kafka_broker_id("k-hashed"))
+
+    async def scenario() -> None:
+        async with EtcdStore(etcd.url) as store:
+            first = NodeMembership(store, NodeInfo("k-hashed", "127.0.0.1:1", kafka="h:1"))
+            await first.start()
+            second = NodeMembership(store, NodeInfo(clash, "127.0.0.1:2", kafka="h:2"))
+            with pytest.raises(CoordinationError, match="same Kafka broker id"):
+                await second.start()
+            assert clash not in await read_nodes(store)
+            plain = NodeMembership(store, NodeInfo(clash, "127.0.0.1:2"))
+            await plain.start()
+            await plain.stop()
+            await first.stop()
+
+    run(scenario())

@@ -33,7 +33,8 @@ ALLOWED: dict[str, set[str]] = {
     "testing": _BASE | {"wire", "storage", "metadata", "coordination", "client", "consumer"},
     "spark": _BASE | {"wire", "client"},
     "pipelines": _BASE | {"wire", "client", "spark"},
-    "kafka": _BASE | {"wire", "server"},  # the Kafka front end calls the service
+    # the Kafka front end calls the service; in a cluster it reads who holds what, as server/
+    "kafka": _BASE | {"wire", "server", "cluster"},
     "_sql": {"errors"},  # the one SQL engine factory, for the metadata and lease stores
 }
 TOP = {"cli", "cli_admin", "demo", "__main__"}  # the command line may use everything

@@ -132,3 +132,17 @@ def test_every_limit_is_in_the_configuration_table(field: str) -> None:
     docs = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
     rows = [line for line in docs.read_text().splitlines() if f"(`{_flag(field)}`)" in line]
     assert len(rows) == 1, f"docs/configuration.md has no Limits row for {_flag(field)}"
+
+
+def test_the_kafka_address_defaults_like_advertise_and_refuses_a_malformed_one() -> None:
+    base = ServerConfig(data_dir=Path("d"), host="10.0.0.1")
+    assert base.kafka_address() is None  # no listener
+    listening = dataclasses.replace(base, kafka_port=9092)
+    assert listening.kafka_address() == ("10.0.0.1", 9092)
+    named = dataclasses.replace(listening, kafka_advertised_host="logs.example.com")
+    assert named.kafka_address() == ("logs.example.com", 9092)
+    advertised = dataclasses.replace(named, kafka_advertise="kafka.example.com:19092")
+    assert advertised.kafka_address() == ("kafka.example.com", 19092)
+    for bad in ("no-port", ":9092", "h:x", "h:0", "h:70000"):
+        with pytest.raises(ParameterInvalid, match="--kafka-advertise must be host:port"):
+            dataclasses.replace(listening, kafka_advertise=bad).kafka_address()

@@ -1,6 +1,6 @@
 """A node's membership in the cluster, and the controller role, both held under etcd leases.
 
-Membership: a node writes ``/loghub/nodes/{node_id}`` (its address and rack) under a lease of
+Membership: a node writes ``/loghub/nodes/{node_id}`` (its addresses and rack) under a lease of
 ``ttl_s`` seconds and refreshes it every ``ttl_s / 3``. If the node dies, or is paused or cut
 off for longer than the TTL, etcd deletes the key and the controller sees the node leave. A
 node that cannot refresh knows it too: ``NodeMembership.alive`` turns False once a TTL has
@@ -14,6 +14,12 @@ does not exist. The winner's key has a create revision that no later holder can 
 revisions only grow), so it is the controller's epoch and its fence: every write the
 controller makes carries ``Fence(key, create_revision)`` and etcd refuses it once the key has
 been deleted and taken again, whatever the old controller believes.
+
+Kafka broker ids: Kafka clients name brokers by an int32, so a node with a Kafka listener has
+one derived from its id, the same on every start and on every node that computes it
+(``kafka_broker_id``). Two live nodes with Kafka listeners may not share one: the second to
+start refuses to (a hash collision between two node ids is rare, but would send clients to
+the wrong node).
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ import contextlib
 import json
 import logging
 import time
+import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from loghub.cluster.etcd_store import Entry, EtcdStore, Fence, Lease
 from loghub.errors import CoordinationError
@@ -36,6 +43,7 @@ __all__ = [
     "ControllerRole",
     "NodeInfo",
     "NodeMembership",
+    "kafka_broker_id",
     "read_nodes",
 ]
 
@@ -49,23 +57,47 @@ DRAIN_PREFIX = "/loghub/drain/"
 CONTROLLER_KEY = "/loghub/controller"
 
 
+_BROKER_ID_MAX = 2**31 - 1
+
+
+def kafka_broker_id(node_id: str) -> int:
+    """The node's Kafka broker id: the number itself for a node id that is a decimal number
+    up to 2^31 - 1 (``--node-id 3`` is broker 3, as Kafka operators number brokers), else
+    the CRC-32 of the id's UTF-8 bytes with the top bit cleared (broker ids are int32 and
+    clients treat negative ones as "none")."""
+    if node_id.isdigit() and node_id.isascii() and int(node_id) <= _BROKER_ID_MAX:
+        return int(node_id)
+    return zlib.crc32(node_id.encode()) & _BROKER_ID_MAX
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     node_id: str
     advertise: str  # host:port of its REST listener
     rack: str = ""
     draining: bool = False
+    kafka: str = ""  # host:port of its Kafka listener; "" without one
+
+    @property
+    def broker_id(self) -> int:
+        return kafka_broker_id(self.node_id)
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {"advertise": self.advertise, "rack": self.rack, "draining": self.draining}
-        ).encode()
+        body: dict[str, object] = {
+            "advertise": self.advertise,
+            "rack": self.rack,
+            "draining": self.draining,
+        }
+        if self.kafka:
+            body["kafka"] = self.kafka
+        return json.dumps(body).encode()
 
     @classmethod
     def decode(cls, node_id: str, value: bytes) -> NodeInfo:
+        """Records written before a field existed decode with its default."""
         body = json.loads(value)
         return cls(node_id, str(body["advertise"]), str(body.get("rack", "")),
-                   bool(body.get("draining", False)))  # fmt: skip
+                   bool(body.get("draining", False)), str(body.get("kafka", "")))  # fmt: skip
 
 
 async def read_nodes(store: EtcdStore) -> dict[str, NodeInfo]:
@@ -76,7 +108,7 @@ async def read_nodes(store: EtcdStore) -> dict[str, NodeInfo]:
         node_id = entry.key.removeprefix(NODES_PREFIX)
         info = NodeInfo.decode(node_id, entry.value)
         if node_id in draining and not info.draining:
-            info = NodeInfo(info.node_id, info.advertise, info.rack, draining=True)
+            info = replace(info, draining=True)
         nodes[node_id] = info
     return nodes
 
@@ -112,7 +144,11 @@ class NodeMembership:
         return not self.lost.is_set() and self._monotonic() - self._refreshed_at < self.ttl_s
 
     async def start(self) -> None:
-        """Takes the node's key. CoordinationError when a live node already has this id."""
+        """Takes the node's key. CoordinationError when a live node already has this id, or
+        its Kafka broker id."""
+        # before registering, so that a node refused never shows up to the controller (which
+        # would move shards to it); and again after, for two nodes starting at once
+        await self._check_broker_id()
         started = self._monotonic()
         self.lease = await self.store.grant_lease(self.ttl_s)
         entry = await self.store.create(self.key, self.info.encode(), self.lease)
@@ -124,6 +160,28 @@ class NodeMembership:
             )
         self._refreshed_at = started
         self._task = asyncio.create_task(self._keep_alive(), name=f"loghub-lease {self.key}")
+        try:
+            await self._check_broker_id()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _check_broker_id(self) -> None:
+        """Refuses a Kafka broker id that another live node with a Kafka listener has. Read
+        after registering, of two nodes starting at once at least the later one sees the
+        other."""
+        if not self.info.kafka:
+            return
+        for other in (await read_nodes(self.store)).values():
+            if (
+                other.node_id != self.info.node_id
+                and other.kafka
+                and other.broker_id == self.info.broker_id
+            ):
+                raise CoordinationError(
+                    f"node ids {self.info.node_id} and {other.node_id} (live) give the same "
+                    f"Kafka broker id {self.info.broker_id}; pick another --node-id"
+                )
 
     async def update(self, info: NodeInfo) -> None:
         """Rewrites the node's record (e.g. draining) under the same lease."""

@@ -49,6 +49,9 @@ async def cluster_status(url: str) -> dict[str, Any]:
                 "rack": node.rack,
                 "draining": node.draining,
                 "shards": held[node.node_id],
+                # its Kafka listener and broker id (docs/kafka.md); None without one
+                "kafka": node.kafka or None,
+                "kafka_broker_id": node.broker_id if node.kafka else None,
             }
             for node in sorted(nodes.values(), key=lambda n: n.node_id)
         ],

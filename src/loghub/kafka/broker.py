@@ -26,6 +26,14 @@ consumers see them. The cursor names the next log group to read (the one after, 
 is at the end of a group); an offset inside a log group is kept exactly in the checkpoint's
 consumer field (``kafka:<offset>``).
 
+In a cluster (``cluster`` given; see ``kafka/cluster.py``) every node is a broker: Metadata
+lists the live ones and names each partition's leader, the node holding the shard;
+Produce, Fetch and ListOffsets for a shard this node does not hold answer
+NOT_LEADER_OR_FOLLOWER, and group requests reaching a node that does not coordinate the
+group answer NOT_COORDINATOR, so that the clients go where they should. A Produce to a
+read-only partition this node holds goes to a writable shard of the logstore this node
+holds, or else, as a PutLogs, to the node holding one.
+
 Not thread-safe: used from the listener's event loop; blocking calls go to a thread pool.
 """
 
@@ -41,7 +49,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loghub._clock import Clock
 from loghub.errors import (
@@ -54,6 +62,7 @@ from loghub.errors import (
     ProjectNotExist,
     QuotaError,
     RequestError,
+    ShardReadOnly,
     UnavailableError,
 )
 from loghub.kafka.coordinator import Coordinator, GroupState, subscribed_topics
@@ -84,6 +93,9 @@ from loghub.wire.kafka.records import (
     build_batch,
     parse_batches,
 )
+
+if TYPE_CHECKING:  # the cluster's modules (and the etcd client) load only in cluster mode
+    from loghub.kafka.cluster import KafkaCluster
 
 __all__ = ["SUPPORTED", "Broker", "BrokerConfig", "Session"]
 
@@ -118,8 +130,12 @@ NONE = 0
 OFFSET_OUT_OF_RANGE = 1
 CORRUPT_MESSAGE = 2
 UNKNOWN_TOPIC_OR_PARTITION = 3
+LEADER_NOT_AVAILABLE = 5
+NOT_LEADER_OR_FOLLOWER = 6
 REQUEST_TIMED_OUT = 7
 MESSAGE_TOO_LARGE = 10
+COORDINATOR_NOT_AVAILABLE = 15
+NOT_COORDINATOR = 16
 INVALID_TOPIC_EXCEPTION = 17
 INVALID_GROUP_ID = 24
 UNSUPPORTED_VERSION = 35
@@ -182,10 +198,18 @@ class _ProducerPartition:
 
 
 class Broker:
-    def __init__(self, service: LogHubService, config: BrokerConfig, clock: Clock) -> None:
+    def __init__(
+        self,
+        service: LogHubService,
+        config: BrokerConfig,
+        clock: Clock,
+        cluster: KafkaCluster | None = None,
+    ) -> None:
         self.service = service
         self.config = config
         self.clock = clock
+        self.cluster = cluster
+        self._redirect_turn = itertools.count()
         self.coordinator = Coordinator(clock, config.initial_rebalance_delay_ms)
         self._executor = ThreadPoolExecutor(config.threads, thread_name_prefix="loghub-kafka")
         self._producers: dict[tuple[int, str, int], _ProducerPartition] = {}
@@ -348,13 +372,20 @@ class Broker:
         session.key_id = parts[1].decode()
         return {"ErrorCode": NONE, "ErrorMessage": None, "AuthBytes": b""}
 
-    def _broker_entry(self) -> Message:
-        return {
-            "NodeId": _NODE_ID,
-            "Host": self.config.advertised_host,
-            "Port": self.config.advertised_port,
-            "Rack": None,
-        }
+    def _broker_entries(self) -> list[Message]:
+        if self.cluster is None:
+            return [
+                {
+                    "NodeId": _NODE_ID,
+                    "Host": self.config.advertised_host,
+                    "Port": self.config.advertised_port,
+                    "Rack": None,
+                }
+            ]
+        return [
+            {"NodeId": b.broker_id, "Host": b.host, "Port": b.port, "Rack": b.rack}
+            for b in self.cluster.brokers()
+        ]
 
     async def _metadata(self, request: Message, header: RequestHeader, session: Session) -> Message:
         wanted = request.get("Topics")
@@ -364,9 +395,9 @@ class Broker:
             names = [t["Name"] for t in wanted if t.get("Name") is not None]
         topics = await self._blocking(self._describe_topics, names, session)
         return {
-            "Brokers": [self._broker_entry()],
+            "Brokers": self._broker_entries(),
             "ClusterId": _CLUSTER_ID,
-            "ControllerId": _NODE_ID,
+            "ControllerId": _NODE_ID if self.cluster is None else self.cluster.controller_id(),
             "Topics": topics,
         }
 
@@ -402,37 +433,65 @@ class Broker:
                 topics.append(entry)
                 continue
             entry["TopicId"] = uuid.uuid5(uuid.NAMESPACE_URL, f"loghub:{store.storage_key}").bytes
-            entry["Partitions"] = [
-                {
-                    "ErrorCode": NONE,
-                    "PartitionIndex": shard.shard_id,
-                    "LeaderId": _NODE_ID,
-                    "LeaderEpoch": 0,
-                    "ReplicaNodes": [_NODE_ID],
-                    "IsrNodes": [_NODE_ID],
-                    "OfflineReplicas": [],
-                }
-                for shard in shards
-            ]
+            entry["Partitions"] = [self._partition(located, shard.shard_id) for shard in shards]
             topics.append(entry)
         return topics
+
+    def _partition(self, located: tuple[str, str], shard_id: int) -> Message:
+        """A partition's Metadata: its leader is the node holding the shard's log; without a
+        live one (the node is gone, or the shard is not placed yet) LEADER_NOT_AVAILABLE."""
+        leader, holder = (
+            (_NODE_ID, _NODE_ID)
+            if self.cluster is None
+            else self.cluster.leader(*located, shard_id)
+        )
+        replicas = [] if holder < 0 else [holder]
+        return {
+            "ErrorCode": NONE if leader is not None else LEADER_NOT_AVAILABLE,
+            "PartitionIndex": shard_id,
+            "LeaderId": -1 if leader is None else leader,
+            "LeaderEpoch": 0,
+            "ReplicaNodes": replicas,
+            "IsrNodes": replicas if leader is not None else [],
+            "OfflineReplicas": replicas if leader is None else [],
+        }
 
     async def _find_coordinator(
         self, request: Message, header: RequestHeader, session: Session
     ) -> Message:
-        node = {
-            "NodeId": _NODE_ID,
-            "Host": self.config.advertised_host,
-            "Port": self.config.advertised_port,
-        }
         if header.api_version >= 4:
             return {
                 "Coordinators": [
-                    {"Key": key, **node, "ErrorCode": NONE, "ErrorMessage": None}
+                    {"Key": key, **self._coordinator_entry(key)}
                     for key in request["CoordinatorKeys"]
                 ]
             }
-        return {"ErrorCode": NONE, "ErrorMessage": None, **node}
+        return self._coordinator_entry(request["Key"])
+
+    def _coordinator_entry(self, group_id: str) -> Message:
+        """FindCoordinator's answer for one group: this node alone, or in a cluster the node
+        coordinating the group (COORDINATOR_NOT_AVAILABLE while there is none)."""
+        if self.cluster is None:
+            host, port, node_id = self.config.advertised_host, self.config.advertised_port, _NODE_ID
+        else:
+            found = self.cluster.coordinator(group_id)
+            if found is None:
+                return {
+                    "NodeId": -1, "Host": "", "Port": -1,
+                    "ErrorCode": COORDINATOR_NOT_AVAILABLE,
+                    "ErrorMessage": "no node coordinates groups right now",
+                }  # fmt: skip
+            host, port, node_id = found.host, found.port, found.broker_id
+        return {"NodeId": node_id, "Host": host, "Port": port, "ErrorCode": NONE,
+                "ErrorMessage": None}  # fmt: skip
+
+    def _not_coordinator(self, group_id: str) -> bool:
+        """Whether a request for ``group_id`` reached a node that does not coordinate it (in
+        a cluster): the client must ask FindCoordinator again."""
+        if self.cluster is None:
+            return False
+        found = self.cluster.coordinator(group_id)
+        return found is None or found.broker_id != self.cluster.this.broker_id
 
     async def _create_topics(
         self, request: Message, header: RequestHeader, session: Session
@@ -545,6 +604,8 @@ class Broker:
             return UNKNOWN_TOPIC_OR_PARTITION, -1, -1
         if not self._allowed(session, located[0], write=True):
             return TOPIC_AUTHORIZATION_FAILED, -1, -1
+        if error := self._leader_error(located, partition):
+            return error, -1, -1
         try:
             batches = parse_batches(records or b"", self.config.batch_bytes_max)
             first_offset: int | None = None
@@ -584,7 +645,7 @@ class Broker:
         if not batch.records:
             raise KafkaBatchRefused(INVALID_RECORD)
         raw = records_to_group(batch.records, client_id)
-        sequence = self.service.append_log_group(*located, partition, raw)
+        sequence = self._store_group(located, partition, raw)
         base = -1 if sequence is None else offset_of(sequence)
         if info.producer_id >= 0 and info.base_sequence >= 0:
             if state is None or state.epoch != info.producer_epoch:
@@ -596,6 +657,44 @@ class Broker:
                     del self._producers[next(iter(self._producers))]
             state.batches.append((info.base_sequence, last_seq, base))
         return base
+
+    def _leader_error(self, located: tuple[str, str], partition: int) -> int:
+        """In a cluster, NOT_LEADER_OR_FOLLOWER for a partition this node does not hold (or
+        may not act on: its lease is not known to be alive), UNKNOWN_TOPIC_OR_PARTITION for
+        one that does not exist; NONE otherwise, and always on a single node."""
+        if self.cluster is None or self.cluster.serves(*located, partition):
+            return NONE
+        try:
+            shards = self.service.list_shards(*located)
+        except NotFoundError:
+            return UNKNOWN_TOPIC_OR_PARTITION
+        if all(s.shard_id != partition for s in shards):
+            return UNKNOWN_TOPIC_OR_PARTITION
+        return NOT_LEADER_OR_FOLLOWER
+
+    def _store_group(self, located: tuple[str, str], partition: int, raw: bytes) -> int | None:
+        """Appends a log group to the partition's shard; to another, writable, shard when it
+        has turned read-only (its sequence is then unknown here: None)."""
+        if self.cluster is None:
+            return self.service.append_log_group(*located, partition, raw)
+        try:
+            return self.service.put_logs(*located, str(partition), None, raw, None, len(raw))
+        except ShardReadOnly:
+            pass
+        writable = [
+            s.shard_id for s in self.service.list_shards(*located) if s.status == "readwrite"
+        ]
+        if not writable:
+            raise ShardReadOnly(f"no shard of {located[1]} takes writes")
+        turn = next(self._redirect_turn)
+        local = self.cluster.local_writable(*located, writable)
+        chosen = local[turn % len(local)] if local else writable[turn % len(writable)]
+        node = None if local else self.cluster.owner_node(*located, chosen)
+        if node is None:
+            self.service.put_logs(*located, str(chosen), None, raw, None, len(raw))
+        else:
+            self.cluster.append_remote(node, *located, chosen, raw)
+        return None
 
     async def _init_producer_id(
         self, request: Message, header: RequestHeader, session: Session
@@ -668,6 +767,9 @@ class Broker:
         if not self._allowed(session, located[0], write=False):
             entry["ErrorCode"] = TOPIC_AUTHORIZATION_FAILED
             return entry
+        if error := self._leader_error(located, index):
+            entry["ErrorCode"] = error
+            return entry
         try:
             begin, end = self.service.shard_range(*located, index)
             entry["HighWatermark"] = entry["LastStableOffset"] = offset_of(end)
@@ -738,6 +840,10 @@ class Broker:
                 try:
                     if located is None:
                         raise NotFoundError(topic["Name"])
+                    if error := self._leader_error(located, partition["PartitionIndex"]):
+                        entry["ErrorCode"] = error
+                        partitions.append(entry)
+                        continue
                     entry["Timestamp"], entry["Offset"] = self._offset_for(located, partition)
                 except NotFoundError:
                     entry["ErrorCode"] = UNKNOWN_TOPIC_OR_PARTITION
@@ -762,18 +868,24 @@ class Broker:
     async def _join_group(
         self, request: Message, header: RequestHeader, session: Session
     ) -> Message:
-        answer = await self.coordinator.join(
-            request["GroupId"],
-            request["MemberId"],
-            header.client_id or "",
-            session.client_host,
-            request.get("GroupInstanceId"),
-            request["SessionTimeoutMs"],
-            int(request.get("RebalanceTimeoutMs") or request["SessionTimeoutMs"]),
-            request["ProtocolType"],
-            [(p["Name"], p["Metadata"]) for p in request["Protocols"]],
-            header.api_version >= 4,
-        )
+        if self._not_coordinator(request["GroupId"]):
+            answer: Message = {
+                "ErrorCode": NOT_COORDINATOR, "GenerationId": -1, "ProtocolName": None,
+                "Leader": "", "MemberId": request["MemberId"], "Members": [],
+            }  # fmt: skip
+        else:
+            answer = await self.coordinator.join(
+                request["GroupId"],
+                request["MemberId"],
+                header.client_id or "",
+                session.client_host,
+                request.get("GroupInstanceId"),
+                request["SessionTimeoutMs"],
+                int(request.get("RebalanceTimeoutMs") or request["SessionTimeoutMs"]),
+                request["ProtocolType"],
+                [(p["Name"], p["Metadata"]) for p in request["Protocols"]],
+                header.api_version >= 4,
+            )
         if answer.get("ProtocolName") is None and header.api_version < 7:
             answer["ProtocolName"] = ""
         return answer
@@ -781,6 +893,9 @@ class Broker:
     async def _sync_group(
         self, request: Message, header: RequestHeader, session: Session
     ) -> Message:
+        if self._not_coordinator(request["GroupId"]):
+            return {"ErrorCode": NOT_COORDINATOR, "ProtocolType": None, "ProtocolName": None,
+                    "Assignment": b""}  # fmt: skip
         assignments = {a["MemberId"]: a["Assignment"] for a in request["Assignments"]}
         error, assignment, protocol_type, protocol = await self.coordinator.sync(
             request["GroupId"], request["GenerationId"], request["MemberId"], assignments
@@ -795,6 +910,8 @@ class Broker:
     async def _heartbeat(
         self, request: Message, header: RequestHeader, session: Session
     ) -> Message:
+        if self._not_coordinator(request["GroupId"]):
+            return {"ErrorCode": NOT_COORDINATOR}
         error = self.coordinator.heartbeat(
             request["GroupId"], request["GenerationId"], request["MemberId"]
         )
@@ -803,6 +920,8 @@ class Broker:
     async def _leave_group(
         self, request: Message, header: RequestHeader, session: Session
     ) -> Message:
+        if self._not_coordinator(request["GroupId"]):
+            return {"ErrorCode": NOT_COORDINATOR, "Members": []}
         if header.api_version < 3:
             errors = self.coordinator.leave(request["GroupId"], [request["MemberId"]])
             return {"ErrorCode": errors[0]}
@@ -825,6 +944,11 @@ class Broker:
     ) -> Message:
         described = []
         for group_id in request["Groups"]:
+            if self._not_coordinator(group_id):
+                described.append({"ErrorCode": NOT_COORDINATOR, "GroupId": group_id,
+                                  "GroupState": "", "ProtocolType": "", "ProtocolData": "",
+                                  "Members": []})  # fmt: skip
+                continue
             group = self.coordinator.describe(group_id)
             if group is None:
                 described.append(
@@ -884,8 +1008,12 @@ class Broker:
         self, request: Message, header: RequestHeader, session: Session
     ) -> Message:
         group_id = request["GroupId"]
-        error = self.coordinator.check_commit(
-            group_id, request.get("GenerationIdOrMemberEpoch", -1), request.get("MemberId", "")
+        error = (
+            NOT_COORDINATOR
+            if self._not_coordinator(group_id)
+            else self.coordinator.check_commit(
+                group_id, request.get("GenerationIdOrMemberEpoch", -1), request.get("MemberId", "")
+            )
         )
         topics = []
         for topic in request["Topics"]:
@@ -915,7 +1043,11 @@ class Broker:
             return UNKNOWN_TOPIC_OR_PARTITION
         sequence, index = position_of(max(offset, 0))
         try:
-            if index and self._group_ends_before(located, partition, sequence, index):
+            if (
+                index
+                and self._holds(located, partition)
+                and self._group_ends_before(located, partition, sequence, index)
+            ):
                 sequence += 1  # the group is read to its end: LogHub resumes after it
             self.service.save_checkpoint(
                 *located,
@@ -942,9 +1074,15 @@ class Broker:
         starts: dict[int, Any] = {}
         for shard in self.service.list_shards(*located):
             if shard.parents and shard.shard_id not in found:
-                begin, _end = self.service.shard_range(*located, shard.shard_id)
+                begin = 0  # a shard held elsewhere: its start, where retention has not been
+                if self._holds(located, shard.shard_id):
+                    begin, _end = self.service.shard_range(*located, shard.shard_id)
                 starts[shard.shard_id] = _StartOfShard(begin)
         return starts
+
+    def _holds(self, located: tuple[str, str], shard_id: int) -> bool:
+        """Whether the shard's log is on this node (always on a single node)."""
+        return self.cluster is None or self.cluster.serves(*located, shard_id)
 
     def _group_ends_before(
         self, located: tuple[str, str], partition: int, sequence: int, index: int
@@ -962,11 +1100,21 @@ class Broker:
         if header.api_version >= 8:
             groups = []
             for group in request["Groups"]:
+                if self._not_coordinator(group["GroupId"]):
+                    groups.append(
+                        {"GroupId": group["GroupId"], "Topics": [], "ErrorCode": NOT_COORDINATOR}
+                    )
+                    continue
                 topics = await self._blocking(
                     self._committed, session, group["GroupId"], group["Topics"]
                 )
                 groups.append({"GroupId": group["GroupId"], "Topics": topics, "ErrorCode": NONE})
             return {"Groups": groups}
+        if self._not_coordinator(request["GroupId"]):
+            return {
+                "Topics": _offset_fetch_refused(request["Topics"]),
+                "ErrorCode": NOT_COORDINATOR,
+            }
         topics = await self._blocking(
             self._committed, session, request["GroupId"], request["Topics"]
         )
@@ -1050,6 +1198,27 @@ def _committed_offset(checkpoint: Any) -> int:
         if offset >= 0 and position_of(offset)[0] == sequence:
             return offset  # written here, inside a log group: exact
     return offset_of(sequence)
+
+
+def _offset_fetch_refused(topics: list[Message] | None) -> list[Message]:
+    """OffsetFetch's topics answered NOT_COORDINATOR partition by partition: versions before
+    2 have no top-level error code."""
+    return [
+        {
+            "Name": topic["Name"],
+            "Partitions": [
+                {
+                    "PartitionIndex": index,
+                    "CommittedOffset": -1,
+                    "CommittedLeaderEpoch": -1,
+                    "Metadata": "",
+                    "ErrorCode": NOT_COORDINATOR,
+                }
+                for index in topic["PartitionIndexes"]
+            ],
+        }
+        for topic in topics or []
+    ]
 
 
 def _produce_error(exc: Exception) -> int:

@@ -283,14 +283,22 @@ class LogHubApp:
         self._request_id_prefix = os.urandom(6).hex().upper()
         self._request_numbers = itertools.count()
         self._cluster: ClusterRouting | None = None
+        # why the server could not start (a cluster it could not join), for ``serve`` to raise
+        self.startup_error: LogHubError | None = None
         if self.config.cluster is not None:
             from loghub.cluster.membership import NodeInfo
             from loghub.server.cluster_routing import ClusterRouting
 
             cluster = self.config.cluster
+            kafka = self.config.kafka_address()
             self._cluster = ClusterRouting(
                 cluster.url,
-                NodeInfo(cluster.node_id, cluster.advertise, cluster.rack),
+                NodeInfo(
+                    cluster.node_id,
+                    cluster.advertise,
+                    cluster.rack,
+                    kafka="" if kafka is None else f"{kafka[0]}:{kafka[1]}",
+                ),
                 self.service.metadata,
                 self.service,
                 cluster.node_ttl_s,
@@ -374,7 +382,14 @@ class LogHubApp:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 if self._cluster is not None:
-                    await self._cluster.start()
+                    try:
+                        await self._cluster.start()
+                    except LogHubError as exc:
+                        self.startup_error = exc
+                        with contextlib.suppress(Exception):
+                            await self._cluster.stop()
+                        await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                        return
                 self._background = [
                     asyncio.create_task(
                         self._every(self.config.retention_interval_s, self._apply_retention)

@@ -181,6 +181,10 @@ class ServerConfig:
     # Metadata advertises, so the advertised host must be reachable by them (default: host).
     kafka_port: int | None = None
     kafka_advertised_host: str | None = None
+    # host:port Kafka clients are told to connect to (Metadata, FindCoordinator) and, in a
+    # cluster, the address other nodes publish for this one; default: the host above (or
+    # --host) and kafka_port, as --advertise defaults to --host:--port
+    kafka_advertise: str | None = None
     kafka_topic_separator: str = "."
     kafka_initial_rebalance_delay_ms: int = 500
     # None: the single-node server (metadata in SQL); else a node of a cluster on etcd
@@ -202,6 +206,20 @@ class ServerConfig:
     @property
     def auth_enabled(self) -> bool:
         return bool(self.keys)
+
+    def kafka_address(self) -> tuple[str, int] | None:
+        """(host, port) Kafka clients connect to; None without a Kafka listener.
+        ParameterInvalid for a ``kafka_advertise`` that is not host:port."""
+        if self.kafka_port is None:
+            return None
+        if self.kafka_advertise is None:
+            return self.kafka_advertised_host or self.host, self.kafka_port
+        host, _, port = self.kafka_advertise.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ParameterInvalid(
+                f"--kafka-advertise must be host:port, not {self.kafka_advertise!r}"
+            )
+        return host, int(port)
 
     def metadata_url(self) -> str:
         if self.database_url:

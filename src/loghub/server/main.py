@@ -92,20 +92,22 @@ def serve(config: ServerConfig, front_ends: Sequence[FrontEnd] = ()) -> None:
     )
     try:
         uvicorn_server(app, config).run(sockets=[listener])
+    except SystemExit:
+        # uvicorn exits with its own status when the startup fails; the cause is the error
+        if app.startup_error is None:
+            raise
     finally:
         for stop in stops:
             stop()
+    if app.startup_error is not None:
+        raise app.startup_error
 
 
 def check_kafka(config: ServerConfig) -> None:
     """The Kafka listener's settings, checked before anything listens."""
     if config.kafka_port is None:
         return
-    if config.cluster is not None:
-        raise ParameterInvalid(
-            "the Kafka listener does not run in a cluster yet (docs/cluster.md): leave out"
-            " --kafka-port or --cluster"
-        )
+    config.kafka_address()  # a malformed --kafka-advertise fails here
     if not config.kafka_topic_separator or config.limits.logs_per_group_max > 1 << 20:
         raise ParameterInvalid(
             "the Kafka listener needs a topic separator and logs_per_group_max <= 1048576"
