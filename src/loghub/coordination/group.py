@@ -223,11 +223,12 @@ class ConsumerGroup:
         entry.quiet_balancing = balancing
         return reply
 
-    def restore(self, owners: Mapping[int, str], now_ms: int) -> None:
+    def restore(self, owners: Mapping[int, str], shards: Sequence[ShardView], now_ms: int) -> None:
         """Takes over a saved assignment (shard -> holder) in a group that has seen no
-        heartbeat yet: each holder is a consumer last seen now and last told it holds its
-        shards, so nobody else is given them, and its next heartbeat keeps them. A holder
-        that does not heartbeat within the timeout loses them, as any silent consumer.
+        heartbeat yet, with ``shards`` every shard of the logstore now. Each holder is a
+        consumer last seen now and last told it holds its shards, so nobody else is given
+        them, and its next heartbeat keeps them. A holder that does not heartbeat within
+        the timeout loses them, as any silent consumer.
 
         A shard that was being handed over comes back to its holder (the saved owner is the
         holder until the hand-off ends); the next round plans the move again. A shard that
@@ -245,6 +246,7 @@ class ConsumerGroup:
         self._now_ms = max(self._now_ms, now_ms)
         self._recovering_until_ms = min(self._recovering_until_ms, now_ms)
         self._version += 1
+        self._sync(shards)  # the holders hold their shards from now: checkpoints, describe
 
     def can_checkpoint(self, consumer: str, shard_id: int) -> bool:
         """Fencing for a checkpoint update that is not forced: only the shard's holder may
