@@ -66,6 +66,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from loghub._clock import Clock
 from loghub.cluster.etcd_store import Compare, Delete, Entry, EtcdStore, Fence, Put
+from loghub.cluster.group_coordinators import ASSIGNMENTS_PREFIX
 from loghub.errors import (
     ConsumerGroupAlreadyExist,
     ConsumerGroupNotExist,
@@ -255,6 +256,7 @@ class EtcdMetadataStore:
                 Delete(logstores, prefix=True),
                 Delete(self._key("groups", name, ""), prefix=True),
                 Delete(self._key("checkpoints", name, ""), prefix=True),
+                Delete(f"{ASSIGNMENTS_PREFIX}{name}/", prefix=True),
             ]
             return _Change(compare, ops, gone)
 
@@ -331,6 +333,7 @@ class EtcdMetadataStore:
                 Delete(key),
                 Delete(self._key("groups", project, name, ""), prefix=True),
                 Delete(self._key("checkpoints", project, name, ""), prefix=True),
+                Delete(f"{ASSIGNMENTS_PREFIX}{project}/{name}/", prefix=True),
             ]
             compare = [Compare(key, "mod", "==", cached.mod_revision)]
             return _Change(compare, ops, cached.value.logstore)

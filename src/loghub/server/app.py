@@ -55,7 +55,6 @@ from loghub.errors import (
     PostBodyInvalid,
     PostBodyTooLarge,
     ProjectNotExist,
-    ServerBusy,
     SignatureReused,
     Unauthorized,
 )
@@ -217,9 +216,9 @@ def _error(exc: LogHubError, request_id: str) -> Response:
     headers = {"x-log-requestid": request_id}
     if isinstance(exc, SignatureReused):
         headers["retry-after"] = "1"  # a new second, a new date, a new signature
-    elif isinstance(exc, ServerBusy):
-        headers["retry-after"] = "1"  # seconds; the SDK waits that long between tries anyway
     reply = protocol_error(exc)
+    if reply.code == "ServerBusy":  # ServerBusy, or the cluster's control plane (errors.py)
+        headers["retry-after"] = "1"  # seconds; the SDK waits that long between tries anyway
     return Response(
         error_body(reply.code, reply.message, request_id),
         status_code=reply.status,
