@@ -25,6 +25,7 @@ from loghub.cluster.group_coordinators import (
     assignment_key,
     coordinator_key,
 )
+from loghub.cluster.status import set_drain
 from loghub.coordination.placement import NodeSlot, group_coordinator
 from loghub.errors import ServerBusy
 from loghub.wire.cursor import encode_cursor
@@ -187,6 +188,33 @@ def test_a_paused_holder_is_replaced_and_changes_nothing_when_it_wakes(
     finally:
         direct.close()
         via.close()
+
+
+def test_a_drained_holder_hands_its_group_over_and_the_consumers_keep_their_shards(
+    cluster: LogHubCluster,
+) -> None:
+    logstore_with_data(cluster, "drain")
+    with client(cluster.nodes[0]) as first:
+        first.create_consumer_group(PROJECT, "drain", "gd", TIMEOUT_S)
+        first.heartbeat(PROJECT, "drain", "gd", "a", [])
+    drained_id = holder(cluster, "drain", "gd") or ""
+    drained = node_of(cluster, drained_id)
+    via = client(next(n for n in live(cluster) if n is not drained))
+    try:
+        held = settle(via, "drain", "gd", ["a", "b"])
+        asyncio.run(set_drain(cluster.etcd.url, drained_id, True))
+        deadline = time.monotonic() + 10
+        while holder(cluster, "drain", "gd") == drained_id:
+            assert time.monotonic() < deadline, "the drained node kept the group"
+            time.sleep(0.05)
+        reply, _ = retried(lambda: via.heartbeat(PROJECT, "drain", "gd", "a", held["a"]))
+        assert set(reply) >= set(held["a"])
+        new_holder = holder(cluster, "drain", "gd")
+        assert new_holder not in (None, drained_id)
+        assert saved(cluster, "drain", "gd").coordinator == new_holder
+    finally:
+        via.close()
+        asyncio.run(set_drain(cluster.etcd.url, drained_id, False))
 
 
 def test_a_killed_holder_is_replaced_and_the_consumers_keep_their_shards(
