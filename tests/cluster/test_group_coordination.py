@@ -10,8 +10,10 @@ import asyncio
 import contextlib
 import os
 import signal
+import statistics
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -94,12 +96,15 @@ def retried(call: Callable[[], T], timeout_s: float = 15.0) -> tuple[T, float]:
 def settle(
     via: LogHubClient, logstore: str, group: str, consumers: list[str]
 ) -> dict[str, list[int]]:
-    """Heartbeats of consumers that take and let go at once, until every shard is held."""
+    """Heartbeats of consumers that take and let go at once, until every shard not read to
+    its end (an empty one left by a move is) is held and a round changes nothing."""
     held: dict[str, list[int]] = {name: [] for name in consumers}
     for _round in range(20):
         for name in consumers:
             held[name] = via.heartbeat(PROJECT, logstore, group, name, held[name])
-        covered = sorted(s for shards in held.values() for s in shards) == list(range(SHARDS))
+        shards = via.describe_consumer_group(PROJECT, logstore, group)["shards"]
+        open_ids = sorted(s["shard"] for s in shards if s["state"] != "over")
+        covered = sorted(s for ids in held.values() for s in ids) == open_ids
         if covered and all(
             via.heartbeat(PROJECT, logstore, group, n, held[n]) == held[n] for n in consumers
         ):
@@ -160,7 +165,8 @@ def test_a_paused_holder_is_replaced_and_changes_nothing_when_it_wakes(
     with client(cluster.nodes[0]) as first:
         first.create_consumer_group(PROJECT, "pause", "gp", TIMEOUT_S)
         first.heartbeat(PROJECT, "pause", "gp", "a", [])
-    paused = node_of(cluster, holder(cluster, "pause", "gp") or "")
+    paused_id = holder(cluster, "pause", "gp") or ""
+    paused = node_of(cluster, paused_id)
     via = client(next(n for n in live(cluster) if n is not paused))
     direct = LogHubClient(paused.endpoint, timeout_s=10)
     try:
@@ -171,20 +177,25 @@ def test_a_paused_holder_is_replaced_and_changes_nothing_when_it_wakes(
             time.sleep(NODE_TTL_S + 0.5)
             reply, _ = retried(lambda: via.heartbeat(PROJECT, "pause", "gp", "a", held["a"]))
             assert set(reply) >= set(held["a"])
-            taken_over = saved(cluster, "pause", "gp")
-            assert taken_over.epoch > before.epoch
+            new_holder = holder(cluster, "pause", "gp")
+            assert new_holder not in (None, paused_id)
+            restored = saved(cluster, "pause", "gp")
             # the paused node's own shards were succeeded meanwhile: their children are new
-            assert {s: taken_over.owners[s] for s in range(SHARDS)} == before.owners
+            assert {s: restored.owners[s] for s in range(SHARDS)} == before.owners
+            # b leaves through the new holder, which saves the change under its own epoch
+            via.heartbeat(PROJECT, "pause", "gp", "b", held["b"])
+            via.heartbeat(PROJECT, "pause", "gp", "b", [])
+            taken_over = saved(cluster, "pause", "gp")
+            assert taken_over.coordinator == new_holder and taken_over.epoch > before.epoch
         finally:
             os.kill(paused.pid, signal.SIGCONT)
-        # the old holder, awake, is asked at once for a change (b letting go of everything):
+        # the old holder, awake, is asked at once for a change (a letting go of everything):
         # it either refuses (it knows its lease ended) or passes the request on to the new
         # holder; it never saves an assignment of its own
         with contextlib.suppress(ServerBusy):
-            direct.heartbeat(PROJECT, "pause", "gp", "b", [])
+            direct.heartbeat(PROJECT, "pause", "gp", "a", [])
         now = saved(cluster, "pause", "gp")
         assert (now.epoch, now.coordinator) == (taken_over.epoch, taken_over.coordinator)
-        assert now.generation >= taken_over.generation
     finally:
         direct.close()
         via.close()
@@ -242,7 +253,9 @@ def test_a_killed_holder_is_replaced_and_the_consumers_keep_their_shards(
         new_holder = holder(cluster, "kill", "gk")
         assert new_holder is not None and node_of(cluster, new_holder) is not victim
         after = saved(cluster, "kill", "gk")
-        assert after.epoch > before.epoch and after.coordinator == new_holder
+        # rewritten by the new holder only if it changed something (the victim's shards
+        # succeeded by children that the consumers took)
+        assert after.coordinator == new_holder or after == before
         described = via.describe_consumer_group(PROJECT, "kill", "gk")["shards"]
         owners = {s["shard"]: s["owner"] for s in described}
         assert {s: owners[s] for s in range(SHARDS)} == dict(before.owners)
@@ -257,3 +270,37 @@ def test_a_killed_holder_is_replaced_and_the_consumers_keep_their_shards(
         assert via.get_checkpoints(PROJECT, "kill", "gk")[held["a"][0]] == encode_cursor(3)
     finally:
         via.close()  # the victim stays dead: this is the module's last test
+
+
+@pytest.mark.slow
+def test_group_takeover_times_over_ten_holder_kills(tmp_path: Path) -> None:
+    """Per trial: a group of two consumers settles, its holder is SIGKILLed, and the time
+    until a heartbeat through another node is answered with the consumer's shards kept."""
+    times = []
+    with running_cluster(tmp_path, 3) as trial_cluster:
+        with client(trial_cluster.nodes[0]) as first:
+            first.create_project(PROJECT)
+        logstore_with_data(trial_cluster, "trials")
+        for trial in range(10):
+            group = f"t{trial}"
+            with client(live(trial_cluster)[0]) as first:
+                first.create_consumer_group(PROJECT, "trials", group, TIMEOUT_S)
+                first.heartbeat(PROJECT, "trials", group, "a", [])
+            victim = node_of(trial_cluster, holder(trial_cluster, "trials", group) or "")
+            with client(next(n for n in live(trial_cluster) if n is not victim)) as via:
+                held = settle(via, "trials", group, ["a", "b"])
+                victim.kill()
+                reply, took_s = retried(
+                    lambda via=via, group=group, held=held: via.heartbeat(
+                        PROJECT, "trials", group, "a", held["a"]
+                    )
+                )
+                assert set(reply) >= set(held["a"])
+                times.append(took_s)
+            trial_cluster.start_node(trial_cluster.nodes.index(victim))
+            trial_cluster.wait_placed()
+    times.sort()
+    p50_s = statistics.median(times)
+    print(f"group takeover after a holder SIGKILL (TTL {NODE_TTL_S} s): "
+          f"p50 {p50_s:.2f} s, max {times[-1]:.2f} s over {len(times)}")  # fmt: skip
+    assert times[-1] < NODE_TTL_S + 5

@@ -185,6 +185,9 @@ class GroupCoordinators:
     def held(self) -> list[GroupKey]:
         return sorted(self._held)
 
+    def holds(self, group: GroupKey) -> bool:
+        return group in self._held
+
     async def take(self, group: GroupKey) -> Fence | None:
         """Creates the group's coordinator key under this node's lease if nobody holds it;
         the fence when this node holds it now, None when another node does."""
@@ -218,6 +221,8 @@ class GroupCoordinators:
         if held is None:
             return
         self._lose(group)
+        if self.holders.get(group) == self.node_id:
+            del self.holders[group]  # not named as the holder again before the watch says
         with contextlib.suppress(FencedError):
             await self.store.delete(coordinator_key(group), fence=held[0])
 

@@ -181,7 +181,13 @@ class ClusterRouting:
         no node can coordinate."""
         assert self.agent is not None and self.coordinators is not None
         self.check_alive()
-        holder = self.coordinators.holders.get((project, logstore, group))
+        key = (project, logstore, group)
+        holder = self.coordinators.holders.get(key)
+        me = self.agent.nodes.get(self.node_id)
+        if holder == self.node_id and me is not None and me.draining:
+            # a drained node serves the groups it still holds until it gives them up, and
+            # takes none: a view that still names it after it gave one up is stale
+            holder = holder if self.coordinators.holds(key) else None
         if holder is None or holder not in self.agent.nodes:
             slots = [NodeSlot(n.node_id, n.rack, n.draining) for n in self.agent.nodes.values()]
             holder = group_coordinator(f"{project}/{logstore}/{group}", slots)
