@@ -24,6 +24,7 @@ from etcd import EtcdCluster, running_etcd
 
 from loghub.cluster.etcd_metadata import EtcdMetadataStore
 from loghub.cluster.etcd_store import Compare, Delete, EtcdStore, Fence, Put, read_page_keys
+from loghub.cluster.group_coordinators import ASSIGNMENTS_PREFIX, assignment_key
 from loghub.errors import (
     ConsumerGroupNotExist,
     ControlPlaneError,
@@ -248,6 +249,28 @@ def test_a_checkpoint_is_refused_when_its_group_is_gone_or_its_fence_moved(
     b.consumer_groups("proj", "events").delete("proj", "events", "cg1")
     with pytest.raises(ConsumerGroupNotExist):  # not written into a group made again later
         groups_a.save_checkpoint("proj", "events", "cg1", Checkpoint(1, "MTA=", "c1", 3))
+
+
+def test_deleting_a_logstore_or_project_deletes_its_groups_saved_assignments(
+    etcd: EtcdCluster, nodes: tuple[EtcdMetadataStore, EtcdMetadataStore]
+) -> None:
+    """A group made again under the same name must not restore the holders of the old one."""
+    a, _b = nodes
+    project = f"gone-{uuid.uuid4().hex[:8]}"
+    a.create_project(project)
+    for logstore in ("first", "second", "firstborn"):
+        a.create_logstore(project, LogstoreSpec(logstore, shard_count=1))
+        key = assignment_key((project, logstore, "cg"))
+        _run(etcd, lambda store, key=key: store.put(key, b'{"owners": {"0": "c1"}}'))
+
+    def left() -> list[str]:
+        entries = _run(etcd, lambda store: store.get_prefix(f"{ASSIGNMENTS_PREFIX}{project}/"))
+        return sorted(e.key.removeprefix(ASSIGNMENTS_PREFIX) for e in entries)
+
+    a.delete_logstore(project, "first")
+    assert left() == [f"{project}/firstborn/cg", f"{project}/second/cg"]
+    a.delete_project(project)
+    assert left() == []
 
 
 def test_a_store_whose_watch_broke_catches_up(

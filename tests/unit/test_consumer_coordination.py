@@ -14,7 +14,7 @@ from test_consumer_shard_consumer import FakeLogHub
 from loghub.consumer import Checkpointer, ConsumerConfig, ConsumerProcessor, ConsumerWorker
 from loghub.consumer.heartbeat import HeartbeatAssignment
 from loghub.consumer.leases import LeaseAssignment
-from loghub.errors import LeaseLostError
+from loghub.errors import LeaseLostError, ServerBusy
 from loghub.testing import FakeClock, MemoryLeaseStore
 from loghub.wire.cursor import encode_cursor
 from loghub.wire.proto import LogGroup
@@ -246,3 +246,59 @@ def test_a_worker_writes_every_checkpoint_before_it_stops_heartbeating(
     assert {"checkpoint 0 5", "checkpoint 2 5"} <= set(hub.events[:stopped])
     # Only the leave follows: one heartbeat that reports no shard, after every checkpoint.
     assert [e for e in hub.events[stopped:] if e.startswith("heartbeat [")] == ["heartbeat []"]
+
+
+# -- a server that cannot serve the group yet ----------------------------------------------------
+
+
+class BusyLogHub(FakeLogHub):
+    """Refuses to create the group ``busy`` times with a 503, as a cluster without a
+    coordinator does (no node can take the group while etcd is out of reach)."""
+
+    def __init__(self, busy: int, clock: FakeClock | None = None) -> None:
+        super().__init__(clock)
+        self.busy = busy
+
+    def create_consumer_group(
+        self, project: str, logstore: str, group: str, timeout_s: int, ordered: bool = False
+    ) -> None:
+        if self.busy:
+            self.busy -= 1
+            raise ServerBusy("no node can coordinate consumer group grp right now; try again")
+        super().create_consumer_group(project, logstore, group, timeout_s, ordered)
+
+
+def test_a_group_that_cannot_be_joined_yet_is_retried_with_backoff_not_given_up() -> None:
+    clock = FakeClock()
+    hub = BusyLogHub(busy=7, clock=clock)
+    hub.grants = [0, 1]
+    assignment = heartbeats(hub, clock)  # start does not raise
+    assert assignment.assigned() == frozenset() and hub.reports == []
+    delays = []
+    while not hub.groups_created:
+        delays.append(assignment.run_once())
+        clock.advance(delays[-1])
+    # a quarter interval, doubled each time, capped at join_backoff_max_ms
+    assert delays == [500, 1_000, 2_000, 4_000, 5_000, 5_000, 1_000]
+    assert hub.groups_created == [("create", 3, False)]
+    assert assignment.assigned() == {0, 1}, "the first heartbeat after joining takes shards"
+    assert assignment.statistics().heartbeat_failures == 7
+
+
+def test_a_worker_started_while_no_coordinator_can_be_chosen_keeps_trying_and_then_consumes() -> (
+    None
+):
+    hub = BusyLogHub(busy=3)
+    for shard_id in range(2):
+        hub.add_shard(shard_id, logs=4)
+    hub.grants = [0, 1]
+    Saver.seen = []
+    settings = {"heartbeat_interval_ms": 100, "timeout_ms": 1_000, "fetch_interval_ms": 10}
+    worker = ConsumerWorker(Saver, config(**settings), client=hub)  # type: ignore[arg-type]
+    worker.start()
+    try:
+        wait_for(lambda: len(Saver.seen) == 8)
+        assert worker.is_alive() and hub.busy == 0
+    finally:
+        worker.shutdown()
+    assert hub.checkpoints == {s: encode_cursor(4) for s in range(2)}

@@ -372,3 +372,42 @@ def test_a_consumer_that_reports_nothing_after_a_grant_has_left_and_its_shards_m
     assert "a" not in g.assignments()
     b_held = g.heartbeat("b", g.assignments()["b"], shards, now_ms=20)
     assert b_held == [0, 1, 2, 3]  # long before the timeout
+
+
+# -- a saved assignment restored by a new coordinator (cluster mode) ----------------------------
+
+
+def test_a_restored_assignment_keeps_every_holder_on_its_shards() -> None:
+    old = group()
+    held = settle(old, {"a": [], "b": [], "c": []}, flat(6), 0)
+    new = ConsumerGroup("g", TIMEOUT_MS, False, now_ms=50_000)
+    new.restore(old.owners(), flat(6), 50_000)
+    # each consumer's next heartbeat, in any order, whatever it reports, keeps its shards
+    assert new.heartbeat("c", held["c"], flat(6), 50_100) == held["c"]
+    assert new.heartbeat("a", [], flat(6), 50_200) == held["a"]
+    assert new.heartbeat("b", held["b"], flat(6), 50_300) == held["b"]
+    assert new.owners() == old.owners()
+
+
+def test_a_restored_holder_that_stays_silent_loses_its_shards_after_the_timeout() -> None:
+    new = ConsumerGroup("g", TIMEOUT_MS, False, now_ms=10_000)
+    new.restore({0: "a", 1: "a", 2: "b"}, flat(3), 10_000)
+    assert new.can_checkpoint("a", 0) and new.owners() == {0: "a", 1: "a", 2: "b"}
+    assert new.heartbeat("b", [2], flat(3), 10_000 + TIMEOUT_MS) == [2]
+    assert new.heartbeat("b", [2], flat(3), 10_001 + TIMEOUT_MS) == [0, 1, 2]
+
+
+def test_a_restored_assignment_gives_nothing_claimed_to_a_newcomer() -> None:
+    new = ConsumerGroup("g", TIMEOUT_MS, False, now_ms=0)
+    new.restore({0: "a", 1: "a"}, flat(2), 0)
+    assert new.heartbeat("z", [], flat(2), 1) == [], "a's shards are claimed until it is gone"
+    assert new.heartbeat("a", [0, 1], flat(2), 2) == [0]  # balancing moves one to z
+    assert new.heartbeat("a", [0], flat(2), 3) == [0]
+    assert new.heartbeat("z", [], flat(2), 4) == [1]
+
+
+def test_a_restored_shard_that_is_gone_or_finished_is_not_held() -> None:
+    new = ConsumerGroup("g", TIMEOUT_MS, False, now_ms=0)
+    new.restore({0: "a", 1: "a", 7: "a"}, flat(2, finished=[1]), 0)
+    assert new.heartbeat("a", [0, 1, 7], flat(2, finished=[1]), 1) == [0]
+    assert new.shard_states() == {0: S.ALREADY_ALLOC, 1: S.OVER}

@@ -7,7 +7,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loghub.coordination.placement import NodeSlot, ShardRef, moves, place
+from loghub.coordination.placement import NodeSlot, ShardRef, group_coordinator, moves, place
 
 
 def shards_of(*logstores: tuple[str, int]) -> list[ShardRef]:
@@ -97,3 +97,21 @@ def test_placement_rules_hold_for_any_change(
             assert after[shard] == owner
     # and placing again changes nothing
     assert place(shards, nodes, after) == after
+
+
+def test_groups_spread_over_the_nodes_and_a_join_moves_few_of_them() -> None:
+    nodes = [NodeSlot(f"n{i}") for i in range(3)]
+    groups = [f"p/logs/g{i}" for i in range(300)]
+    chosen = {g: group_coordinator(g, nodes) for g in groups}
+    assert all(80 <= count <= 120 for count in Counter(chosen.values()).values())
+    joined = {g: group_coordinator(g, [*nodes, NodeSlot("n3")]) for g in groups}
+    moved = [g for g in groups if joined[g] != chosen[g]]
+    assert all(joined[g] == "n3" for g in moved), "a join only takes groups, to itself"
+    assert 50 <= len(moved) <= 100
+
+
+def test_a_draining_node_coordinates_no_new_group_and_no_node_means_none() -> None:
+    nodes = [NodeSlot("n0", draining=True), NodeSlot("n1")]
+    assert {group_coordinator(f"g{i}", nodes) for i in range(20)} == {"n1"}
+    assert group_coordinator("g", [NodeSlot("n0", draining=True)]) is None
+    assert group_coordinator("g", []) is None

@@ -16,6 +16,8 @@ Key layout (``prefix`` is ``/loghub/meta/`` unless told otherwise; names cannot 
     {prefix}deleted/{storage_key}                           {"deleted_at_s", "w"}: a deleted
                                                              logstore whose data every node
                                                              removes from its own disk
+    {prefix}deleted/{project}/.project-{8 hex}              {"deleted_at_s", "storage_keys",
+                                                             "w"}: a deleted project's
     {prefix}sync                                            written to learn "now" (below)
 
 A logstore is one key holding all its shards (``[id, status, begin_hex, end_hex, created_s,
@@ -77,6 +79,7 @@ from loghub.cluster.etcd_store import (
     Put,
     end_if_cancelled,
 )
+from loghub.cluster.group_coordinators import ASSIGNMENTS_PREFIX
 from loghub.errors import (
     ConsumerGroupAlreadyExist,
     ConsumerGroupNotExist,
@@ -163,6 +166,10 @@ class _Change(Generic[_T]):
 
 
 # The sections of the key layout, each cached in the store's attribute of the same name.
+# the name of a "deleted" mark that lists the logstores of a deleted project (no logstore
+# name starts with a dot)
+_PROJECT_MARK = ".project-"
+
 _SECTIONS = ("projects", "logstores", "groups", "checkpoints", "deleted")
 
 
@@ -267,7 +274,8 @@ class EtcdMetadataStore:
                 Delete(logstores, prefix=True),
                 Delete(self._key("groups", name, ""), prefix=True),
                 Delete(self._key("checkpoints", name, ""), prefix=True),
-                *(self._tombstone(logstore) for logstore in gone),
+                Delete(f"{ASSIGNMENTS_PREFIX}{name}/", prefix=True),
+                *self._tombstones(name, gone),
             ]
             return _Change(compare, ops, gone)
 
@@ -344,7 +352,8 @@ class EtcdMetadataStore:
                 Delete(key),
                 Delete(self._key("groups", project, name, ""), prefix=True),
                 Delete(self._key("checkpoints", project, name, ""), prefix=True),
-                self._tombstone(cached.value.logstore),
+                Delete(f"{ASSIGNMENTS_PREFIX}{project}/{name}/", prefix=True),
+                *self._tombstones(project, [cached.value.logstore]),
             ]
             compare = [Compare(key, "mod", "==", cached.mod_revision)]
             return _Change(compare, ops, cached.value.logstore)
@@ -420,9 +429,19 @@ class EtcdMetadataStore:
         has a deleted key."""
         return frozenset(self._deleted)
 
-    def _tombstone(self, logstore: Logstore) -> Put:
-        value = {"deleted_at_s": self._now_s()}
-        return Put(self._key("deleted", *logstore.storage_key.split("/")), _encode(value))
+    def _tombstones(self, project: str, logstores: list[Logstore]) -> list[Put]:
+        """The marks of deleted logstores: one key for one logstore, one key holding every
+        storage key for a project's (a project may have more logstores than a transaction
+        may have operations)."""
+        if not logstores:
+            return []
+        keys = [logstore.storage_key for logstore in logstores]
+        value: dict[str, Any] = {"deleted_at_s": self._now_s()}
+        if len(keys) == 1:
+            return [Put(self._key("deleted", *keys[0].split("/")), _encode(value))]
+        value["storage_keys"] = keys
+        name = f"{_PROJECT_MARK}{secrets.token_hex(4)}"
+        return [Put(self._key("deleted", project, name), _encode(value))]
 
     def all_logstores(self) -> list[tuple[str, str]]:
         """(project, logstore) of every logstore, sorted."""
@@ -689,9 +708,14 @@ class EtcdMetadataStore:
                 shards = dict(records.get(group, {}))
                 _set(shards, shard_id, deleted, lambda: _checkpoint_of(shard_id, entry))
                 _set(records, group, not shards, lambda: shards)
-            elif section == "deleted" and len(names) == 2:
-                at_s = int(_decode(entry)["deleted_at_s"])
-                _set(records, "/".join(names), deleted, lambda: at_s)
+            elif section == "deleted" and len(names) == 2 and not deleted:
+                mark = _decode(entry)
+                at_s = int(mark["deleted_at_s"])
+                if names[1].startswith(_PROJECT_MARK):
+                    for key in mark["storage_keys"]:
+                        records[str(key)] = at_s
+                else:
+                    records["/".join(names)] = at_s
             else:
                 log.error("a metadata key outside the layout: %s", entry.key)
         except (ValueError, KeyError, TypeError, AssertionError) as exc:

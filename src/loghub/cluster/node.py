@@ -34,6 +34,7 @@ from loghub.cluster.controller import (
 from loghub.cluster.etcd_store import EtcdStore, end_if_cancelled
 from loghub.cluster.membership import (
     CONTROLLER_KEY,
+    DRAIN_PREFIX,
     NODES_PREFIX,
     ControllerRole,
     NodeInfo,
@@ -106,6 +107,8 @@ class NodeAgent:
         self.placements = await read_placements(self.store)
         self._tasks = [
             asyncio.create_task(self._watch(NODES_PREFIX, self._reload_nodes)),
+            # a drain mark changes where groups go (``placement.group_coordinator``)
+            asyncio.create_task(self._watch(DRAIN_PREFIX, self._reload_nodes)),
             asyncio.create_task(self._watch(CONTROLLER_KEY, self._reload_nodes)),
             asyncio.create_task(self._watch(PLACEMENT_PREFIX, self._reload_placements)),
             asyncio.create_task(self._run_controller()),

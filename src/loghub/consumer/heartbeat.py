@@ -18,6 +18,10 @@ What this does better than the official SDK (``reference/sls-protocol.md`` secti
   move its checkpoint, so its late write cannot skip data the new holder has not seen.
 - A finished read-only shard is released as soon as its end checkpoint is written, so its
   children start at the next heartbeat rather than 30 s later.
+- A server that cannot serve the group yet (a 503: in a cluster, no node can coordinate it
+  while the control plane is out of reach) does not stop the worker: creating the group is
+  retried in the heartbeat thread with capped exponential backoff
+  (``join_backoff_max_ms``), and the worker holds nothing until it succeeds.
 
 The same requests work against the hosted service.
 
@@ -33,6 +37,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from loghub._clock import Clock
+from loghub._retry import is_retryable
 from loghub.client import LogHubClient, ShardInfo
 from loghub.consumer.assignment import Wake
 from loghub.consumer.config import ConsumerConfig
@@ -44,13 +49,22 @@ from loghub.errors import (
     LogHubError,
 )
 
-__all__ = ["HeartbeatAssignment", "HeartbeatStatistics", "heartbeat_retries_per_interval"]
+__all__ = [
+    "HeartbeatAssignment",
+    "HeartbeatStatistics",
+    "heartbeat_retries_per_interval",
+    "join_backoff_max_ms",
+]
 
 logger = logging.getLogger(__name__)
 
 # A failed heartbeat is retried this many times per interval, so a timeout of two intervals
 # leaves about eight tries before the shards are given up.
 heartbeat_retries_per_interval = 4
+# Creating the group is retried after a quarter interval, then twice as long each time, up
+# to this (or one interval, if longer): a cluster without a coordinator for minutes is not
+# asked four times a second by every worker.
+join_backoff_max_ms = 5_000
 
 
 @dataclass(frozen=True)
@@ -90,34 +104,59 @@ class HeartbeatAssignment:
         self._heartbeats = 0
         self._failures = 0
         self._fences = 0
+        self._joined = False  # the group was created (or updated) once
+        self._join_failures = 0
 
     # -- the worker's side ---------------------------------------------------------------------
 
     def start(self, *, background: bool = True) -> None:
         """Create the group (or update its timeout and order), list the shards, send the
         first heartbeat, then keep heartbeating in a thread (``background=False``: the
-        caller drives ``run_once``, as tests with a fake clock do)."""
-        config = self._config
-        try:
-            self._client.create_consumer_group(
-                config.project,
-                config.logstore,
-                config.group,
-                config.group_timeout_s,
-                config.ordered,
-            )
-        except ConsumerGroupAlreadyExist:
-            self._client.update_consumer_group(
-                config.project,
-                config.logstore,
-                config.group,
-                timeout_s=config.group_timeout_s,
-                ordered=config.ordered,
-            )
+        caller drives ``run_once``, as tests with a fake clock do). When the server cannot
+        serve the group yet, the thread keeps trying (see the module docstring); an error
+        that asking again cannot fix (a wrong key, no such logstore) is raised here."""
+        self._join()
         self._refresh_shards()
-        self._heartbeat()
+        if self._joined:
+            self._heartbeat()
         if background:
             self._thread.start()
+
+    def _join(self) -> None:
+        config = self._config
+        try:
+            try:
+                self._client.create_consumer_group(
+                    config.project,
+                    config.logstore,
+                    config.group,
+                    config.group_timeout_s,
+                    config.ordered,
+                )
+            except ConsumerGroupAlreadyExist:
+                self._client.update_consumer_group(
+                    config.project,
+                    config.logstore,
+                    config.group,
+                    timeout_s=config.group_timeout_s,
+                    ordered=config.ordered,
+                )
+        except LogHubError as exc:
+            if not is_retryable(exc):
+                raise
+            with self._lock:
+                self._failures += 1
+            self._join_failures += 1
+            logger.warning("%s: the group cannot be joined yet, retrying: %s",
+                           config.worker_name, exc)  # fmt: skip
+            return
+        self._joined = True
+        self._join_failures = 0
+
+    def _join_backoff_ms(self) -> int:
+        quarter_ms = max(1, self._config.heartbeat_interval_ms // heartbeat_retries_per_interval)
+        cap_ms = max(join_backoff_max_ms, self._config.heartbeat_interval_ms)
+        return int(min(cap_ms, quarter_ms * 2 ** min(self._join_failures - 1, 30)))
 
     def assigned(self) -> frozenset[int]:
         now_ms = self._clock.monotonic_ms()
@@ -201,6 +240,10 @@ class HeartbeatAssignment:
         next round: an interval after a success, a quarter of one after a failure."""
         interval_ms = self._config.heartbeat_interval_ms
         started_ms = self._clock.monotonic_ms()
+        if not self._joined:
+            self._join()
+            if not self._joined:
+                return self._join_backoff_ms()
         ok = self._heartbeat()
         self._refresh_shards()
         delay_ms = interval_ms if ok else max(1, interval_ms // heartbeat_retries_per_interval)

@@ -24,6 +24,9 @@ can drive it through crashes, pauses, lost heartbeats, splits and merges:
 - After a server restart (``recovering=True``) the assignments are lost. For one timeout the
   group only adopts what consumers report, and grants nothing new: by then every live
   consumer has reported what it holds, or has given it up.
+- In a cluster the assignment is saved before any reply that depends on it, so a new
+  coordinator ``restore``s it instead: each holder keeps its shards, as if it had just
+  heartbeated (and it has a full timeout to do so, or it loses them as usual).
 
 Limits: ``consumers_per_group_max`` consumers, ``shards_per_group_max`` shards,
 ``consumer_name_chars_max`` characters of name, a timeout of 1 ms to ``timeout_ms_max``;
@@ -35,7 +38,7 @@ Not thread-safe: the server serialises the calls for one group.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from loghub.coordination.balance import plan_moves
@@ -116,6 +119,8 @@ class ConsumerGroup:
         self._order: list[int] = []
         self._synced: tuple[ShardView, ...] | None = None
         self._version = 0
+        # shard -> holder loaded by ``restore``, applied as the shards enter (``_sync``)
+        self._restored: dict[int, str] = {}
 
     @property
     def version(self) -> int:
@@ -217,6 +222,31 @@ class ConsumerGroup:
         entry.quiet_version = -1 if changed else self._version
         entry.quiet_balancing = balancing
         return reply
+
+    def restore(self, owners: Mapping[int, str], shards: Sequence[ShardView], now_ms: int) -> None:
+        """Takes over a saved assignment (shard -> holder) in a group that has seen no
+        heartbeat yet, with ``shards`` every shard of the logstore now. Each holder is a
+        consumer last seen now and last told it holds its shards, so nobody else is given
+        them, and its next heartbeat keeps them. A holder that does not heartbeat within
+        the timeout loses them, as any silent consumer.
+
+        A shard that was being handed over comes back to its holder (the saved owner is the
+        holder until the hand-off ends); the next round plans the move again. A shard that
+        no longer exists, or that waits for its parents, is not restored."""
+        assert not self._consumers and not self._slots, "restore only into a new group"
+        for shard_id, consumer in owners.items():
+            _check_consumer_name(consumer)
+            entry = self._consumers.get(consumer)
+            if entry is None:
+                if len(self._consumers) >= consumers_per_group_max:
+                    break
+                entry = self._consumers[consumer] = _Consumer(now_ms)
+            entry.last_reply = entry.last_reply | {shard_id}
+            self._restored[shard_id] = consumer
+        self._now_ms = max(self._now_ms, now_ms)
+        self._recovering_until_ms = min(self._recovering_until_ms, now_ms)
+        self._version += 1
+        self._sync(shards)  # the holders hold their shards from now: checkpoints, describe
 
     def can_checkpoint(self, consumer: str, shard_id: int) -> bool:
         """Fencing for a checkpoint update that is not forced: only the shard's holder may
@@ -323,12 +353,22 @@ class ConsumerGroup:
                 waits = self._ordered and ancestor_open[shard_id]
                 state = ShardState.WAIT if waits else ShardState.NOT_ALLOC
                 slot = self._slots[shard_id] = ShardSlot.enter(shard_id, state)
+                holder = self._restored.get(shard_id)
+                if state is ShardState.NOT_ALLOC and holder in self._consumers:
+                    slot.transition_to(ShardState.ALREADY_ALLOC, holder=holder)  # 3
             if slot.state is ShardState.WAIT and not ancestor_open[shard_id]:
                 slot.transition_to(ShardState.NOT_ALLOC)
             if view.finished and slot.state in _BALANCED:
                 slot.transition_to(ShardState.OVER)
             elif not view.finished and slot.state is ShardState.OVER:
                 slot.transition_to(ShardState.NOT_ALLOC)
+        if self._restored:
+            # a restored holder's claim on a shard that did not come back is dropped
+            for name, entry in self._consumers.items():
+                kept = frozenset(s for s in entry.last_reply if s in self._slots
+                                 and self._slots[s].holder == name)  # fmt: skip
+                entry.last_reply = kept
+            self._restored = {}
 
     def _topological_order(
         self, shards: Sequence[ShardView], views: dict[int, ShardView]

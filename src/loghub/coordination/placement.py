@@ -23,11 +23,12 @@ The rule, in order of what matters:
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["NodeSlot", "ShardRef", "moves", "place"]
+__all__ = ["NodeSlot", "ShardRef", "group_coordinator", "moves", "place"]
 
 # (project, logstore, shard_id)
 ShardRef = tuple[str, str, int]
@@ -101,3 +102,23 @@ def moves(
         for shard in set(before) | set(after)
         if before.get(shard) != after.get(shard)
     }
+
+
+def group_coordinator(group: str, nodes: Iterable[NodeSlot]) -> str | None:
+    """The node that should coordinate a consumer group when nobody does: the highest
+    rendezvous hash of (group, node) among the nodes that are not draining; None when no
+    node can take it.
+
+    Why rendezvous hashing: every node computes the same answer from the same node list
+    without asking anyone, groups spread evenly over the nodes, and a node that joins or
+    leaves changes the choice only for the groups whose best node it is (about 1/n of
+    them). The choice matters only while a group has no coordinator: a live coordinator
+    keeps its groups (it is sticky), so a join moves no group at all."""
+    best: tuple[bytes, str] | None = None
+    for node in nodes:
+        if node.draining:
+            continue
+        digest = hashlib.blake2b(f"{group}\0{node.node_id}".encode(), digest_size=8).digest()
+        if best is None or (digest, node.node_id) > best:
+            best = (digest, node.node_id)
+    return best[1] if best is not None else None

@@ -25,6 +25,9 @@ from loghub.cluster.membership import NodeInfo, kafka_broker_id
 from loghub.errors import ServerBusy
 from loghub.server.cluster_routing import ClusterRouting
 
+# the "project" of Kafka groups in the coordinator lookup; not a valid project name
+_KAFKA_GROUPS = ".kafka"
+
 __all__ = ["BrokerAddress", "KafkaCluster"]
 
 
@@ -102,12 +105,19 @@ class KafkaCluster:
 
     def coordinator(self, group_id: str) -> BrokerAddress | None:
         """The broker coordinating ``group_id``: this one, another, or None when there is
-        none now (no controller elected, or it has no Kafka listener; or this node has not
-        joined the cluster yet: the listener opens before the node's agent starts)."""
+        none now (no live node, or it has no Kafka listener; or this node has not joined the
+        cluster yet: the listener opens before the node's agent starts).
+
+        A Kafka group may read several topics (logstores), so it is not one of the
+        per-logstore groups whose coordinators hold keys in etcd: it is placed by the same
+        rendezvous hash over the live nodes, under a name no logstore can have, and its
+        members' state lives in that node's memory, as on a Kafka broker. When the nodes
+        change, about one group in N moves; its clients get NOT_COORDINATOR, find the new
+        coordinator and join again, resuming from their committed offsets (in etcd)."""
         if self._routing.agent is None:
             return None
         try:
-            node = self._routing.coordinator()
+            node = self._routing.coordinator(_KAFKA_GROUPS, "", group_id)
         except ServerBusy:
             return None
         if node is None:

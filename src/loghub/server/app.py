@@ -218,9 +218,9 @@ def _error(exc: LogHubError, request_id: str) -> Response:
     headers = {"x-log-requestid": request_id}
     if isinstance(exc, SignatureReused):
         headers["retry-after"] = "1"  # a new second, a new date, a new signature
-    elif isinstance(exc, ServerBusy):
-        headers["retry-after"] = "1"  # seconds; the SDK waits that long between tries anyway
     reply = protocol_error(exc)
+    if reply.code == "ServerBusy":  # ServerBusy, or the cluster's control plane (errors.py)
+        headers["retry-after"] = "1"  # seconds; the SDK waits that long between tries anyway
     return Response(
         error_body(reply.code, reply.message, request_id),
         status_code=reply.status,
@@ -307,6 +307,8 @@ class LogHubApp:
             self.service.remote_logs = self._cluster
             routing = self._cluster
             self.service.groups.is_remote = lambda p, ls, s: not routing.is_local(p, ls, s)
+            self.service.groups.persistence = routing
+            routing.on_group_lost = self.service.groups.forget
         self._lb_turn = itertools.count()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -664,9 +666,7 @@ class LogHubApp:
     async def _consumer_groups(self, call: _Call, logstore: str) -> Response:
         _refuse_selectors(call)
         project = call.need_project()
-        if self._cluster is not None and (node := self._cluster.coordinator()) is not None:
-            return await self._forward(call, node)
-        groups = self.service.groups
+        groups = self.service.groups  # definitions are in etcd: any node serves them
         if call.method == "POST":
             await self._blocking(groups.create, project, logstore, call.json_body())
             return _empty(call.request_id)
@@ -676,8 +676,10 @@ class LogHubApp:
 
     async def _consumer_group(self, call: _Call, logstore: str, name: str) -> Response:
         project = call.need_project()
-        if self._cluster is not None and (node := self._cluster.coordinator()) is not None:
-            return await self._forward(call, node)
+        if self._cluster is not None:
+            node = await self._cluster.coordinate(project, logstore, name)
+            if node is not None:
+                return await self._forward(call, node)
         groups = self.service.groups
         _refuse_selectors(call, "type" if call.method in ("POST", "GET") else "")
         kind = call.optional("type")
@@ -709,7 +711,12 @@ class LogHubApp:
             shard_id: int | None = _int_param(call, "shard", -1)
             if shard_id is not None and shard_id < 0:
                 shard_id = None
-            checkpoints = groups.get_checkpoints(project, logstore, name, shard_id)
+            if self._cluster is not None:  # may load the group's assignment from etcd
+                checkpoints = await self._blocking(
+                    groups.get_checkpoints, project, logstore, name, shard_id
+                )
+            else:
+                checkpoints = groups.get_checkpoints(project, logstore, name, shard_id)
             return _json(checkpoints, call.request_id)
         if call.method == "PUT":
             await self._blocking(groups.update, project, logstore, name, call.json_body())

@@ -1,8 +1,9 @@
 """Any node answers any request: the REST front end's part in a cluster.
 
 In cluster mode (``loghub serve --cluster ...``) each shard's log lives on one node, the one
-its placement record names (``loghub.cluster.controller``), and consumer groups are
-coordinated by one node, the controller. A request that reaches another node is forwarded to
+its placement record names (``loghub.cluster.controller``), and each consumer group is
+coordinated by one node, the holder of the group's coordinator key
+(``loghub.cluster.group_coordinators``). A request that reaches another node is forwarded to
 that one as it came, headers and body unchanged (so its signature, made for the Host the
 client used, verifies there), and its answer goes back unchanged. A forwarded request
 carries ``x-loghub-forwarded``; a node never forwards such a request again, so a stale view
@@ -19,15 +20,24 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, TypeVar
 
 import httpx
 from starlette.responses import Response
 
-from loghub.cluster.etcd_store import EtcdStore
+from loghub.cluster.etcd_store import EtcdStore, Fence
+from loghub.cluster.group_coordinators import GroupCoordinators, GroupKey
 from loghub.cluster.membership import NodeInfo
 from loghub.cluster.node import LocalLogs, NodeAgent
-from loghub.errors import LogHubError, ServerBusy, error_class_for_code
+from loghub.coordination.placement import NodeSlot, group_coordinator
+from loghub.errors import (
+    ControlPlaneError,
+    FencedError,
+    LogHubError,
+    ServerBusy,
+    error_class_for_code,
+)
 from loghub.wire.signing import Credentials, sign_v1
 
 __all__ = ["FORWARDED_HEADER", "ClusterRouting"]
@@ -43,6 +53,12 @@ _NOT_FORWARDED = {
 _NOT_RETURNED = _NOT_FORWARDED | {"date", "server"}
 # how long a request for a shard not placed yet waits for the controller to place it
 placement_wait_s = 3.0
+# how often a node checks whether it was drained (and then hands its groups over)
+_DRAIN_CHECK_S = 0.5
+# the longest a group operation waits for etcd (the store's own retry budget is 6 s)
+_GROUP_CALL_TIMEOUT_S = 10.0
+
+_T = TypeVar("_T")
 
 
 class ClusterRouting:
@@ -68,7 +84,11 @@ class ClusterRouting:
         self._forward_timeout_s = forward_timeout_s
         self.store: EtcdStore | None = None
         self.agent: NodeAgent | None = None
+        self.coordinators: GroupCoordinators | None = None
+        # told of a group this node stopped coordinating (its state in memory is stale)
+        self.on_group_lost: Callable[[GroupKey], None] | None = None
         self._client: httpx.AsyncClient | None = None
+        self._drain_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -82,6 +102,12 @@ class ClusterRouting:
             ttl_s=self._ttl_s,
         )
         await self.agent.start()
+        agent = self.agent
+        self.coordinators = GroupCoordinators(
+            self.store, lambda: agent.membership, on_lost=self._group_lost
+        )
+        await self.coordinators.start()
+        self._drain_task = asyncio.create_task(self._hand_over_groups_when_drained())
         self._client = httpx.AsyncClient(
             timeout=self._forward_timeout_s,
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
@@ -91,6 +117,10 @@ class ClusterRouting:
     async def stop(self) -> None:
         if self._client is not None:
             await self._client.aclose()
+        if self._drain_task is not None:
+            self._drain_task.cancel()
+        if self.coordinators is not None:
+            await self.coordinators.stop()
         if self.agent is not None:
             await self.agent.stop()
         if self.store is not None:
@@ -156,15 +186,120 @@ class ClusterRouting:
         assert self.agent is not None
         return [s for s in writable if self.agent.owner_id(project, logstore, s) == self.node_id]
 
-    def coordinator(self) -> NodeInfo | None:
-        """The node coordinating consumer groups (the controller): None for this one."""
-        assert self.agent is not None
-        if self.agent.is_controller:
+    # --- consumer groups -----------------------------------------------------------------
+
+    def coordinator(self, project: str, logstore: str, group: str) -> NodeInfo | None:
+        """The node coordinating a consumer group (None: this one): the holder of the
+        group's coordinator key while its node is alive, else the node that should take it
+        (``placement.group_coordinator``). ServerBusy when this node has lost its lease or
+        no node can coordinate."""
+        assert self.agent is not None and self.coordinators is not None
+        self.check_alive()
+        key = (project, logstore, group)
+        holder = self.coordinators.holders.get(key)
+        me = self.agent.nodes.get(self.node_id)
+        if holder == self.node_id and me is not None and me.draining:
+            # a drained node serves the groups it still holds until it gives them up, and
+            # takes none: a view that still names it after it gave one up is stale
+            holder = holder if self.coordinators.holds(key) else None
+        if holder is None or holder not in self.agent.nodes:
+            slots = [NodeSlot(n.node_id, n.rack, n.draining) for n in self.agent.nodes.values()]
+            holder = group_coordinator(f"{project}/{logstore}/{group}", slots)
+        if holder is None:
+            raise ServerBusy(
+                f"no node can coordinate consumer group {group} right now (no live node that"
+                " is not draining); try again"
+            )
+        if holder == self.node_id:
             return None
-        node = self.agent.controller_node()
+        node = self.agent.nodes.get(holder)
         if node is None:
-            raise ServerBusy("no controller is elected right now; try again")
+            raise ServerBusy(f"node {holder}, which coordinates group {group}, is gone; try again")
         return node
+
+    async def coordinate(self, project: str, logstore: str, group: str) -> NodeInfo | None:
+        """Before serving a group request: the node to forward it to, or None once this
+        node holds the group's coordinator key (taking it if nobody holds it)."""
+        assert self.coordinators is not None
+        node = self.coordinator(project, logstore, group)
+        if node is not None:
+            return node
+        try:
+            fence = await self.coordinators.take((project, logstore, group))
+        except ControlPlaneError as exc:
+            raise ServerBusy(f"the control plane did not answer ({exc}); try again") from exc
+        if fence is not None:
+            return None
+        node = self.coordinator(project, logstore, group)  # another node took it first
+        if node is None:
+            raise ServerBusy(f"consumer group {group} is changing coordinator; try again")
+        return node
+
+    def _group_lost(self, group: GroupKey) -> None:
+        if self.on_group_lost is not None:
+            self.on_group_lost(group)
+
+    async def _hand_over_groups_when_drained(self) -> None:
+        """A drained node gives its groups up, so they move to the nodes that are not
+        draining (each on its next request); a drain is a planned leave."""
+        assert self.agent is not None and self.coordinators is not None
+        while True:
+            await asyncio.sleep(_DRAIN_CHECK_S)
+            me = self.agent.nodes.get(self.node_id)
+            if me is None or not me.draining:
+                continue
+            for group in self.coordinators.held():
+                try:
+                    await self.coordinators.release(group)
+                except ControlPlaneError as exc:
+                    log.warning("handing group %s over failed: %s", group, exc)
+
+    # --- what the group service asks (from its threads; run on the node's loop) ------------
+
+    def _on_loop(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(_GROUP_CALL_TIMEOUT_S)
+
+    def load_assignment(self, group: GroupKey) -> Mapping[int, str]:
+        assert self.coordinators is not None
+        try:
+            saved = self._on_loop(self.coordinators.load_assignment(group))
+        except ControlPlaneError as exc:
+            raise ServerBusy(f"the control plane did not answer ({exc}); try again") from exc
+        return saved.owners
+
+    def save_assignment(self, group: GroupKey, owners: Mapping[int, str]) -> None:
+        """Saves a group's assignment; ServerBusy when it cannot be saved (the reply that
+        depends on it must not go out), with the group forgotten here when fenced."""
+        assert self.coordinators is not None
+        try:
+            self._on_loop(self.coordinators.save_assignment(group, owners))
+        except FencedError as exc:
+            self._group_lost(group)
+            raise ServerBusy(
+                f"node {self.node_id} no longer coordinates group {group[2]} ({exc}); try again"
+            ) from exc
+        except ControlPlaneError as exc:
+            raise ServerBusy(f"the control plane did not answer ({exc}); try again") from exc
+
+    def checkpoint_fence(self, group: GroupKey) -> Fence:
+        assert self.coordinators is not None
+        coordinators = self.coordinators
+
+        async def fence() -> Fence | None:
+            return coordinators.fence(group)
+
+        held = self._on_loop(fence())
+        if held is None:
+            raise ServerBusy(f"node {self.node_id} no longer coordinates group {group[2]}; "
+                             "try again")  # fmt: skip
+        return held
+
+    def delete_group(self, group: GroupKey) -> None:
+        assert self.coordinators is not None
+        try:
+            self._on_loop(self.coordinators.delete_group(group))
+        except ControlPlaneError as exc:
+            log.warning("forgetting the assignment of deleted group %s failed: %s", group, exc)
 
     async def forward(
         self,

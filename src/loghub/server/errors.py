@@ -46,6 +46,11 @@ _TABLE: tuple[tuple[type[errors.LogHubError], int, str | None, bool], ...] = (
     (errors.RecordsLostError, 410, "DataCorrupted", True),
     (errors.StorageError, 500, _INTERNAL, False),  # corrupt, closed, write failed
     (errors.DatabaseError, 500, _INTERNAL, False),
+    # In a cluster: etcd out of reach, or a role another node has taken since. Either is
+    # over when the client asks again (a majority is back, the request reaches the new
+    # holder), so a 503 ServerBusy that every client retries.
+    (errors.ControlPlaneError, 503, "ServerBusy", True),
+    (errors.FencedError, 503, "ServerBusy", True),
     (errors.CoordinationError, 500, _INTERNAL, False),  # a broken state machine
     # the protocol's own classes
     (errors.PostBodyTooLarge, 413, None, True),

@@ -1,9 +1,16 @@
 """Consumer groups on the server: the REST operations over the pure ``ConsumerGroup`` logic.
 
 Definitions and checkpoints are durable in the metadata database; who holds which shard lives
-only in memory, in one ``ConsumerGroup`` per group, fed by heartbeats. After a restart the
-groups that existed before start in recovery (``recovering=True``): for one timeout they only
-adopt what consumers report and grant nothing new, so no shard can go to two consumers.
+in memory, in one ``ConsumerGroup`` per group, fed by heartbeats. On a single server, after a
+restart the groups that existed before start in recovery (``recovering=True``): for one
+timeout they only adopt what consumers report and grant nothing new, so no shard can go to
+two consumers.
+
+In a cluster (``persistence`` set) each group's coordinator also saves the group's
+assignment (shard -> holder) in etcd whenever it changes, before the heartbeat's reply goes
+out, and fenced (``loghub.cluster.group_coordinators``); a node that becomes a group's
+coordinator restores the saved assignment, so consumers keep their shards across a change
+of coordinator. Checkpoint commits carry the coordinator's fence.
 
 What the pure logic cannot see is computed here on each heartbeat: for every shard, whether
 it is *finished* for this group: read-only and nothing left after the group's checkpoint
@@ -17,28 +24,31 @@ the group's heartbeats and checkpoint checks (the pure logic is not thread-safe)
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loghub._clock import Clock
 from loghub.coordination.group import ConsumerGroup, ShardView
 from loghub.errors import (
     ConsumerNotMatch,
+    FencedError,
     InvalidCursor,
     InvalidShardCheckPoint,
     ParameterInvalid,
     RecordsLostError,
+    ServerBusy,
 )
 from loghub.metadata import Checkpoint, ConsumerGroupDef, MetadataStore, Shard
 
 if TYPE_CHECKING:  # the etcd client loads only in cluster mode
     from loghub.cluster.etcd_metadata import EtcdMetadataStore
+    from loghub.cluster.etcd_store import Fence
 from loghub.storage import ShardLog, ShardStore
 from loghub.wire.cursor import decode_cursor, encode_cursor
 from loghub.wire.values import json_bool, json_int
 
-__all__ = ["GroupService", "GroupShardStatus", "HeartbeatObserver"]
+__all__ = ["GroupPersistence", "GroupService", "GroupShardStatus", "HeartbeatObserver"]
 
 GroupKey = tuple[str, str, str]
 
@@ -65,11 +75,28 @@ class _LiveGroup:
     shards: list[Shard] = field(default_factory=list)
     views: tuple[ShardView, ...] = ()
     readonly: list[tuple[int, Shard]] = field(default_factory=list)  # (index in views, shard)
+    # in a cluster: the owners last saved in etcd, and the group version they were read at
+    saved_owners: dict[int, str] = field(default_factory=dict)
+    saved_version: int = -1
 
 
 # Told of every heartbeat: the group, whether its assignment changed, how many shards went
 # from one consumer to another. Called under the group's lock: it must be quick.
 HeartbeatObserver = Callable[[GroupKey, bool, int], None]
+
+
+class GroupPersistence(Protocol):
+    """Where a cluster keeps its groups' assignments (``ClusterRouting``). Each call blocks;
+    each raises ServerBusy when it cannot be done now (the control plane does not answer,
+    or this node no longer coordinates the group)."""
+
+    def load_assignment(self, group: GroupKey) -> Mapping[int, str]: ...
+
+    def save_assignment(self, group: GroupKey, owners: Mapping[int, str]) -> None: ...
+
+    def checkpoint_fence(self, group: GroupKey) -> Fence: ...
+
+    def delete_group(self, group: GroupKey) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -107,6 +134,8 @@ class GroupService:
         self._clock = clock
         # In a cluster: whether a shard's log lives on another node (set by the front end)
         self.is_remote: Callable[[str, str, int], bool] | None = None
+        # In a cluster: where assignments are saved and restored (set by the front end)
+        self.persistence: GroupPersistence | None = None
         self._lock = threading.Lock()
         self._live: dict[GroupKey, _LiveGroup] = {}
         # groups defined before this process started lost their assignments with it
@@ -150,8 +179,15 @@ class GroupService:
 
     def delete(self, project: str, logstore: str, name: str) -> None:
         self._metadata.consumer_groups(project, logstore).delete(project, logstore, name)
+        self.forget((project, logstore, name))
+        if self.persistence is not None:
+            self.persistence.delete_group((project, logstore, name))
+
+    def forget(self, group: GroupKey) -> None:
+        """Drops a group's state in memory: the group was deleted, or in a cluster this node
+        stopped coordinating it (the next node to coordinate it restores it from etcd)."""
         with self._lock:
-            self._live.pop((project, logstore, name), None)
+            self._live.pop(group, None)
 
     def list_groups(self, project: str, logstore: str) -> list[dict[str, object]]:
         catalog = self._metadata.consumer_groups(project, logstore)
@@ -179,7 +215,21 @@ class GroupService:
                 live.assignments_version = version_before
             granted = live.group.heartbeat(consumer, held, views, self._clock.monotonic_ms())
             self._observe(project, logstore, name, live)
+            if self.persistence is not None:
+                self._save(project, logstore, name, live)
             return granted
+
+    def _save(self, project: str, logstore: str, name: str, live: _LiveGroup) -> None:
+        """Saves the group's owners when they changed, before the reply goes out: a reply
+        never tells a consumer of a grant that a new coordinator would not restore."""
+        assert self.persistence is not None
+        if live.saved_version == live.group.version:
+            return
+        owners = live.group.owners()
+        if owners != live.saved_owners:
+            self.persistence.save_assignment((project, logstore, name), owners)
+            live.saved_owners = owners
+        live.saved_version = live.group.version
 
     def update_checkpoint(
         self,
@@ -211,7 +261,17 @@ class GroupService:
                     raise ConsumerNotMatch(f"consumer {consumer!r} does not hold shard {shard_id}")
         checkpoint = Checkpoint(shard_id, cursor.strip(), consumer, self._clock.wall_ms() * 1000)
         catalog = self._metadata.consumer_groups(project, logstore)
-        catalog.save_checkpoint(project, logstore, name, checkpoint)
+        if self.persistence is None:
+            catalog.save_checkpoint(project, logstore, name, checkpoint)
+            return
+        fence = self.persistence.checkpoint_fence((project, logstore, name))
+        try:
+            catalog.save_checkpoint(  # type: ignore[call-arg]
+                project, logstore, name, checkpoint, fence=fence
+            )
+        except FencedError as exc:
+            self.forget((project, logstore, name))
+            raise ServerBusy(f"this node no longer coordinates group {name}; try again") from exc
 
     def get_checkpoints(
         self, project: str, logstore: str, name: str, shard_id: int | None
@@ -222,7 +282,7 @@ class GroupService:
         last consumer that wrote the checkpoint."""
         catalog = self._metadata.consumer_groups(project, logstore)
         saved = catalog.checkpoints(project, logstore, name)
-        owners = self._live_view(project, logstore, name).owners
+        owners = self._live_view(project, logstore, name, restore=True).owners
         shard_ids: Iterable[int] = [
             s.shard_id for s in self._metadata.list_shards(project, logstore)
         ]
@@ -233,9 +293,15 @@ class GroupService:
             for s in shard_ids
         ]
 
-    def _live_view(self, project: str, logstore: str, name: str) -> _LiveView:
+    def _live_view(
+        self, project: str, logstore: str, name: str, restore: bool = False
+    ) -> _LiveView:
         """Owners, states and consumers after expiring the silent (as the next heartbeat
-        would), so a crashed consumer shows as nobody; empty before any heartbeat."""
+        would), so a crashed consumer shows as nobody; empty before any heartbeat (in a
+        cluster, with ``restore`` on the group's coordinator: what the saved assignment
+        says)."""
+        if restore and self.persistence is not None:
+            self._live_group(project, logstore, name)
         with self._lock:
             live = self._live.get((project, logstore, name))
         if live is None:
@@ -297,7 +363,7 @@ class GroupService:
         in seconds, the newest group's arrival minus the last consumed one's). The hosted
         service has no such API; owner and state live only in this server's memory."""
         definition = self._metadata.consumer_groups(project, logstore).get(project, logstore, name)
-        view = self._live_view(project, logstore, name)
+        view = self._live_view(project, logstore, name, restore=True)
         statuses = self._shard_status(project, logstore, name, view)
         entries: list[dict[str, object]] = []
         for status in statuses:
@@ -353,15 +419,29 @@ class GroupService:
         key = (project, logstore, name)
         with self._lock:
             live = self._live.get(key)
-            if live is None:
-                group = ConsumerGroup(
-                    name,
-                    definition.timeout_s * 1000,
-                    definition.ordered,
-                    self._clock.monotonic_ms(),
-                    recovering=key in self._from_before,
-                )
-                live = self._live[key] = _LiveGroup(threading.Lock(), group)
+        if live is not None:
+            return live
+        saved: Mapping[int, str] | None = None
+        if self.persistence is not None:
+            saved = self.persistence.load_assignment(key)  # read outside the lock: etcd
+        with self._lock:
+            live = self._live.get(key)
+            if live is not None:
+                return live
+            now_ms = self._clock.monotonic_ms()
+            group = ConsumerGroup(
+                name,
+                definition.timeout_s * 1000,
+                definition.ordered,
+                now_ms,
+                # a saved assignment is complete: every grant was saved before its reply
+                recovering=saved is None and key in self._from_before,
+            )
+            live = _LiveGroup(threading.Lock(), group)
+            if saved:
+                group.restore(saved, self._shard_views(project, logstore, name, live), now_ms)
+                live.saved_owners = dict(saved)
+            self._live[key] = live
             return live
 
     def _shard_log(self, project: str, logstore: str, shard: Shard) -> ShardLog:
