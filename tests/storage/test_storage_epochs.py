@@ -157,11 +157,15 @@ def test_retention_folds_the_epochs_before_the_new_beginning(tmp_path: Path) -> 
         assert log.apply_retention(clock.wall_ms(), 150_000) == 1  # records 0..6
         assert log.begin_seq == 7
         assert log.leader_epochs() == [(0, 7), (1, 8), (2, 16)]
+        log.set_leader_epoch(3)
+        log.append(b"later", clock.wall_ms())
     finally:
         log.close()
+    epoch_file = (tmp_path / "shard" / LEADER_EPOCHS_FILE_NAME).read_bytes()
+    assert decode_leader_epochs(epoch_file) == [(0, 7), (1, 8), (2, 16), (3, 24)]
     reopened = open_log(tmp_path / "shard")
     try:
-        assert reopened.leader_epochs() == [(0, 7), (1, 8), (2, 16)]
+        assert reopened.leader_epochs() == [(0, 7), (1, 8), (2, 16), (3, 24)]
     finally:
         reopened.close()
 

@@ -525,7 +525,8 @@ class ShardLog:
         describe (writer role held, lock not held): no durable record lacks its entry."""
         if not epoch_changes:
             return
-        epochs = merge_epoch_starts(self._epochs, epoch_changes)
+        begin_seq = self._segments[0].base_seq  # retention waits for the writer role
+        epochs = fit_to_log(merge_epoch_starts(self._epochs, epoch_changes), begin_seq, 2**64)
         write_leader_epochs(self.path, epochs)
         with self._lock:
             self._epochs = epochs
