@@ -59,6 +59,7 @@ from loghub.errors import (
     StorageFull,
     TransportError,
     Unauthorized,
+    UnsupportedFormatError,
 )
 from loghub.metadata.hashing import md5_hash_key, parse_hash_key
 from loghub.pipelines.cli import pipeline_app
@@ -352,10 +353,14 @@ def serve(
         cluster=_cluster_config(cluster, node_id, advertise or f"{host}:{port}", rack, node_ttl_s),
     )
     front_ends = _kafka_front_end(server_config)
-    if front_ends:
-        run_server(server_config, front_ends)
-    else:
-        run_server(server_config)
+    try:
+        if front_ends:
+            run_server(server_config, front_ends)
+        else:
+            run_server(server_config)
+    except UnsupportedFormatError as exc:  # a data directory of a newer LogHub: not ours
+        typer.echo(f"loghub serve: refused: {exc.message}", err=True)
+        raise typer.Exit(2) from exc
 
 
 def _kafka_front_end(config: ServerConfig) -> list[Any]:

@@ -13,7 +13,8 @@ into the same class.
     │   ├── LogSealedError              an append to a sealed (read-only) log
     │   ├── SequenceOutOfRangeError     a position outside [begin, end] of the log
     │   ├── DiskFullError               no space left on the disk for a write
-    │   └── RecordsLostError            a read reached records lost to damage on disk
+    │   ├── RecordsLostError            a read reached records lost to damage on disk
+    │   └── UnsupportedFormatError      a file in an on-disk format newer than this code
     ├── DatabaseError                   the metadata or lease database failed or is unreachable
     ├── CoordinationError               coordination's own state (a 500 if one reaches a server)
     │   ├── LeaseLostError              this worker no longer holds a lease it used
@@ -134,6 +135,7 @@ __all__ = [
     "Unauthorized",
     "UnavailableError",
     "UnsupportedCompression",
+    "UnsupportedFormatError",
     "UnsupportedMagic",
     "error_class_for_code",
 ]
@@ -185,6 +187,11 @@ class SequenceOutOfRangeError(StorageError):
 
 class DiskFullError(StorageError):
     """No space left for a write; nothing of it was kept (StorageFull on the wire)."""
+
+
+class UnsupportedFormatError(StorageError):
+    """A data file whose format version this code does not know (a newer LogHub wrote it):
+    refused rather than read as damage, so that nothing in it is cut or skipped."""
 
 
 class RecordsLostError(StorageError):

@@ -19,6 +19,7 @@ import pytest
 from server_process import ServerProcess
 
 from loghub.client import LogHubClient
+from loghub.storage.segment import SEGMENT_HEADER_BYTES, encode_segment_header
 from loghub.wire.cursor import encode_cursor
 from loghub.wire.logs import make_log_group
 
@@ -48,7 +49,8 @@ def split_log_group_list(raw: bytes) -> list[bytes]:
 
 def record_positions(log_file: Path) -> list[int]:
     data = log_file.read_bytes()
-    positions, position = [], 0
+    positions = []
+    position = SEGMENT_HEADER_BYTES if data.startswith(encode_segment_header()) else 0
     while position < len(data):
         positions.append(position)
         position += HEADER.size + HEADER.unpack_from(data, position)[5]
@@ -62,7 +64,7 @@ def make_closed_segment(shard_dir: Path, at_group: int) -> Path:
     data = log_file.read_bytes()
     cut = record_positions(log_file)[at_group]
     log_file.write_bytes(data[:cut])
-    (shard_dir / f"{at_group:020d}.log").write_bytes(data[cut:])
+    (shard_dir / f"{at_group:020d}.log").write_bytes(encode_segment_header() + data[cut:])
     for suffix in (".index", ".timeindex"):
         log_file.with_suffix(suffix).unlink(missing_ok=True)
     return log_file

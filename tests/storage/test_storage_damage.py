@@ -23,7 +23,12 @@ from storage_helpers import FakeClock, payload
 
 from loghub.errors import RecordsLostError
 from loghub.storage import ShardLog, StorageConfig
-from loghub.storage.segment import HEADER_BYTES, encode_header, segment_base_sequences
+from loghub.storage.segment import (
+    HEADER_BYTES,
+    SEGMENT_HEADER_BYTES,
+    encode_header,
+    segment_base_sequences,
+)
 
 RECORDS = 300
 DAMAGED = 100
@@ -49,7 +54,7 @@ def record_position(shard: Path, sequence: int) -> tuple[Path, int]:
     """The log file holding ``sequence`` and the record's position in it."""
     bases = segment_base_sequences(shard)
     base = max(base for base in bases if base <= sequence)
-    return shard / f"{base:020d}.log", (sequence - base) * RECORD_BYTES
+    return shard / f"{base:020d}.log", SEGMENT_HEADER_BYTES + (sequence - base) * RECORD_BYTES
 
 
 def flip(path: Path, position: int, mask: int = 0xFF) -> None:
@@ -142,7 +147,7 @@ def test_only_an_unacknowledged_torn_tail_is_cut(open_log: OpenLog, tmp_path: Pa
 
     assert log.end_seq == RECORDS
     assert log.lost_ranges() == []
-    assert log_file.stat().st_size == RECORDS * RECORD_BYTES
+    assert log_file.stat().st_size == SEGMENT_HEADER_BYTES + RECORDS * RECORD_BYTES
     assert log.read(0, RECORDS, 1 << 30).data == b"".join(payloads)
 
 

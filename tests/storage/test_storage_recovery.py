@@ -13,7 +13,12 @@ from storage_helpers import SMALL, FakeClock, payload
 from loghub.errors import RecordsLostError
 from loghub.storage import ShardLog, StorageConfig
 from loghub.storage._files import FileCache
-from loghub.storage.segment import HEADER_BYTES, Segment, segment_base_sequences
+from loghub.storage.segment import (
+    HEADER_BYTES,
+    SEGMENT_HEADER_BYTES,
+    Segment,
+    segment_base_sequences,
+)
 
 BIG_SEGMENTS = StorageConfig(
     segment_bytes_max=1 << 20, index_interval_bytes=64, payload_bytes_max=4096
@@ -34,13 +39,18 @@ def record_bytes(size: int) -> int:
     return HEADER_BYTES + size
 
 
+def position(index: int, size: int = 20) -> int:
+    """Where record ``index`` of a segment of ``size``-byte payloads starts."""
+    return SEGMENT_HEADER_BYTES + index * record_bytes(size)
+
+
 def test_junk_over_the_tail_is_cut_and_the_records_before_it_kept(
     open_log: OpenLog, caplog: pytest.LogCaptureFixture
 ) -> None:
     log_file, payloads = fill(open_log, 10)
     keep = 7
     with open(log_file, "r+b") as file:
-        file.seek(keep * record_bytes(20))
+        file.seek(position(keep))
         file.write(b"\xde\xad\xbe\xef" * 30)  # over records 7..9 and past the end
     size_before = log_file.stat().st_size
 
@@ -49,8 +59,8 @@ def test_junk_over_the_tail_is_cut_and_the_records_before_it_kept(
 
     assert log.end_seq == keep
     assert log.read(0, 100, 1 << 20).data == b"".join(payloads[:keep])
-    assert log_file.stat().st_size == keep * record_bytes(20)
-    cut = size_before - keep * record_bytes(20)
+    assert log_file.stat().st_size == position(keep)
+    cut = size_before - position(keep)
     assert f"cut {cut} bytes" in caplog.text
     assert log.append(b"next", 1000) == keep
 
@@ -72,18 +82,18 @@ def test_recover_returns_the_bytes_it_cut(open_log: OpenLog) -> None:
 
 def test_file_cut_mid_record_keeps_the_whole_records(open_log: OpenLog) -> None:
     log_file, payloads = fill(open_log, 10)
-    os.truncate(log_file, 6 * record_bytes(20) + HEADER_BYTES + 5)
+    os.truncate(log_file, position(6) + HEADER_BYTES + 5)
 
     log = open_log(BIG_SEGMENTS)
 
     assert log.end_seq == 6
     assert log.read(0, 100, 1 << 20).data == b"".join(payloads[:6])
-    assert log_file.stat().st_size == 6 * record_bytes(20)
+    assert log_file.stat().st_size == position(6)
 
 
 def test_file_cut_mid_header_keeps_the_whole_records(open_log: OpenLog) -> None:
     log_file, payloads = fill(open_log, 10)
-    os.truncate(log_file, 4 * record_bytes(20) + 3)
+    os.truncate(log_file, position(4) + 3)
 
     log = open_log(BIG_SEGMENTS)
 
@@ -94,7 +104,7 @@ def test_file_cut_mid_header_keeps_the_whole_records(open_log: OpenLog) -> None:
 def test_one_damaged_byte_in_the_last_segment_costs_only_its_record(open_log: OpenLog) -> None:
     log_file, payloads = fill(open_log, 10)
     with open(log_file, "r+b") as file:
-        file.seek(3 * record_bytes(20) + HEADER_BYTES + 4)  # inside record 3's payload
+        file.seek(position(3) + HEADER_BYTES + 4)  # inside record 3's payload
         file.write(b"X")
 
     log = open_log(BIG_SEGMENTS)
@@ -106,13 +116,14 @@ def test_one_damaged_byte_in_the_last_segment_costs_only_its_record(open_log: Op
         log.read(3, 100, 1 << 20)
     assert (caught.value.first_seq, caught.value.end_seq) == (3, 4)
     assert log.read(4, 100, 1 << 20).data == b"".join(payloads[4:])
-    assert log_file.stat().st_size == 10 * record_bytes(20)
+    assert log_file.stat().st_size == position(10)
     assert log.append(b"next", 1000) == 10
 
 
 def test_corrupt_first_record_costs_only_the_first_record(open_log: OpenLog) -> None:
     log_file, payloads = fill(open_log, 3)
     with open(log_file, "r+b") as file:
+        file.seek(position(0))
         file.write(b"\x07")  # format version 7
 
     log = open_log(BIG_SEGMENTS)

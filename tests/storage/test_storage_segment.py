@@ -10,7 +10,13 @@ from conftest import OpenLog
 
 from loghub.errors import RecordsLostError
 from loghub.storage import StorageConfig
-from loghub.storage.segment import HEADER_BYTES, encode_header, record_crc_matches
+from loghub.storage.segment import (
+    HEADER_BYTES,
+    SEGMENT_HEADER_BYTES,
+    encode_header,
+    encode_segment_header,
+    record_crc_matches,
+)
 
 
 def test_record_header_layout_is_big_endian_with_crc_over_header_and_payload() -> None:
@@ -35,10 +41,12 @@ def test_segment_files_hold_exactly_the_framed_records_and_index_entries(
     log.close()  # the index files are written whole when a segment is sealed or closed
     log_file = log.path / "00000000000000000000.log"
     data = log_file.read_bytes()
-    assert len(data) == 10 * (HEADER_BYTES + 40)
-    assert data[:HEADER_BYTES] == encode_header(0, 1000, b"p" * 40)
+    assert len(data) == SEGMENT_HEADER_BYTES + 10 * (HEADER_BYTES + 40)
+    assert data[:SEGMENT_HEADER_BYTES] == encode_segment_header()
+    first = data[SEGMENT_HEADER_BYTES : SEGMENT_HEADER_BYTES + HEADER_BYTES]
+    assert first == encode_header(0, 1000, b"p" * 40)
     offsets = list(struct.iter_unpack(">II", log_file.with_suffix(".index").read_bytes()[:-8]))
-    assert offsets == [(0, 0), (2, 140), (4, 280), (6, 420), (8, 560)]
+    assert offsets == [(0, 12), (2, 152), (4, 292), (6, 432), (8, 572)]
     times = list(struct.iter_unpack(">QI", log_file.with_suffix(".timeindex").read_bytes()[:-8]))
     assert times == [(1000, 0), (1001, 3), (1002, 6), (1003, 9)]
 
@@ -61,7 +69,7 @@ def test_a_record_with_the_wrong_sequence_is_lost_on_read(open_log: OpenLog) -> 
     log.append(b"a", 1)
     log.append(b"b", 1)
     with open(log.path / "00000000000000000000.log", "r+b") as file:
-        file.seek(HEADER_BYTES + 1 + 6)  # the second record's sequence field
+        file.seek(SEGMENT_HEADER_BYTES + HEADER_BYTES + 1 + 6)  # the second record's sequence
         file.write(struct.pack(">Q", 5))
 
     assert log.read(0, 2, 100).data == b"a"

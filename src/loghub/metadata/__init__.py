@@ -1,7 +1,8 @@
 """Projects, logstores and shards: what exists, where its data lives, and how keys route.
 
 ``MetadataStore`` keeps them in SQLite or PostgreSQL and serves reads from memory;
-``hashing`` is the 128-bit hash-key math shards are cut by.
+``hashing`` is the 128-bit hash-key math shards are cut by; ``ClusterStore`` names what shard
+replication will need from the control plane (leader, leader epoch, in-sync replicas).
 """
 
 from loghub.metadata._validate import (
@@ -9,6 +10,7 @@ from loghub.metadata._validate import (
     shards_per_logstore_max,
     ttl_days_max,
 )
+from loghub.metadata.cluster_store import ClusterStore, ShardLeadership, SingleNodeClusterStore
 from loghub.metadata.groups import (
     Checkpoint,
     ConsumerGroupCatalog,
@@ -34,6 +36,7 @@ __all__ = [
     "KEY_SPACE_END",
     "SCHEMA_VERSION",
     "Checkpoint",
+    "ClusterStore",
     "ConsumerGroupCatalog",
     "ConsumerGroupDef",
     "Logstore",
@@ -41,8 +44,10 @@ __all__ = [
     "MetadataStore",
     "Project",
     "Shard",
+    "ShardLeadership",
     "ShardSealer",
     "ShardStatus",
+    "SingleNodeClusterStore",
     "consumer_groups_per_logstore_max",
     "even_ranges",
     "format_hash_key",

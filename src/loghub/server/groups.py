@@ -252,7 +252,7 @@ class GroupService:
         except InvalidCursor as exc:
             raise InvalidShardCheckPoint(f"checkpoint {cursor!r} is not a cursor") from exc
         local = self._local(project, logstore, shard)
-        if local is not None and position > local.end_seq:
+        if local is not None and position > local.high_watermark_seq:
             raise InvalidShardCheckPoint(f"checkpoint {cursor!r} is past the end of the shard")
         live = self._live_group(project, logstore, name)
         if not force:
@@ -332,7 +332,7 @@ class GroupService:
             cursor = checkpoint.cursor if checkpoint is not None else ""
             shard_log = self._local(project, logstore, shard)
             if shard_log is not None:
-                begin_seq, end_seq = shard_log.begin_seq, shard_log.end_seq
+                begin_seq, end_seq = shard_log.begin_seq, shard_log.high_watermark_seq
             else:  # on another node of a cluster: what the metadata knows
                 begin_seq = 0
                 end_seq = shard.end_seq if shard.end_seq is not None else 0

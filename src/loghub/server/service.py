@@ -153,6 +153,12 @@ class LogHubService:
             ),
             clock,
         )
+        try:
+            segment_count = self.storage.check_formats()
+        except BaseException:
+            self.metadata.close()
+            raise
+        log.info("data directory: %d segment files in formats this server reads", segment_count)
         self.groups = GroupService(self.metadata, self.storage, clock)
         self.groups.heartbeat_observer = self.metrics.count_heartbeat
         self.metrics.watch_storage(self.storage.statistics)
@@ -484,7 +490,7 @@ class LogHubService:
         if position == "begin":
             return encode_cursor(shard_log.begin_seq)
         if position == "end":
-            return encode_cursor(shard_log.end_seq)
+            return encode_cursor(shard_log.high_watermark_seq)
         time_s = parse_decimal(
             position, "from (begin, end or unix seconds)", ParameterInvalid, fraction=True
         )
@@ -652,9 +658,10 @@ class LogHubService:
         return None
 
     def shard_range(self, project: str, logstore: str, shard_id: int) -> tuple[int, int]:
-        """The retained sequences ``[begin, end)`` of a shard."""
+        """The retained sequences ``[begin, end)`` of a shard that consumers may read (its
+        end is the high watermark)."""
         shard_log = self.shard_log(project, logstore, shard_id)
-        return shard_log.begin_seq, shard_log.end_seq
+        return shard_log.begin_seq, shard_log.high_watermark_seq
 
     def seq_for_time(self, project: str, logstore: str, shard_id: int, time_ms: int) -> int:
         """The first sequence received at or after ``time_ms`` (the time index)."""

@@ -101,7 +101,7 @@ class TailWaits:
                     del self._waiting[shard_log]
 
     def _ready(self, tail: ShardTail) -> WaitEnd | None:
-        if tail.shard_log.end_seq > tail.end_seq:
+        if tail.shard_log.high_watermark_seq > tail.end_seq:
             return WaitEnd.DATA
         if tail.shard_log.sealed:
             return WaitEnd.SEALED

@@ -1,7 +1,8 @@
 """Durable per-shard logs on local disk, Kafka style: segments of CRC-framed records with
 offset and time indexes. Storage knows nothing of HTTP, projects or protobuf: a record's
 payload is opaque bytes. Byte layouts, crash behaviour and thread-safety are in each module's
-docstring (``segment``, ``offset_index``, ``time_index``, ``shard_log``, ``shard_store``).
+docstring (``segment``, ``offset_index``, ``time_index``, ``leader_epochs``, ``shard_log``,
+``shard_store``).
 """
 
 from loghub.storage._files import raise_open_files_limit

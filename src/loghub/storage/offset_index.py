@@ -3,9 +3,10 @@
 Byte layout of ``<base_seq:020d>.index``: a flat array of 8-byte entries
 (then the 8-byte checksum trailer of ``_pair_index``), big-endian
 ``(relative_sequence u32, position u32)``, where relative_sequence = sequence - base_seq and
-position is the record's first byte in the ``.log`` file. The first entry is always ``(0, 0)``
-(the segment's first record); a new entry is added for the first record that starts at least
-``index_interval_bytes`` after the last indexed one. Both fields strictly increase. To find
+position is the record's first byte in the ``.log`` file. The first entry is always
+``(0, data start)`` (the segment's first record: byte 0 of a format-1 file, right after the
+segment header of a format-2 one); a new entry is added for the first record that starts at
+least ``index_interval_bytes`` after the last indexed one. Both fields strictly increase. To find
 record ``s``: take the last entry with relative_sequence <= s - base_seq and walk record
 headers forward from its position (less than one interval plus one record). Damage changes
 two things: the first intact record after a lost range always gets an entry (so no walk
@@ -54,7 +55,11 @@ class OffsetIndex(PairIndex):
         index = self._sequence_position(relative_sequence, right=False)
         return None if index == len(self) else self[index][1]
 
-    def is_consistent(self, log_size_bytes: int, record_count: int) -> bool:
+    def is_consistent(self, log_size_bytes: int, record_count: int, data_start: int) -> bool:
+        """Whether the entries can describe a log of this size and record count whose first
+        record starts at ``data_start``."""
         if not self._well_formed(record_count):
             return False
-        return record_count == 0 or self[0] == (0, 0) and self[len(self) - 1][1] < log_size_bytes
+        if record_count == 0:
+            return True
+        return self[0] == (0, data_start) and self[len(self) - 1][1] < log_size_bytes

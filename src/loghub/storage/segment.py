@@ -1,13 +1,32 @@
 """A segment: one ``.log`` file of framed records plus its offset and time indexes.
 
-Byte layout of ``<base_seq:020d>.log`` (base_seq is the sequence of its first record): records
-back to back, nothing else. Each record is a 30-byte header then the payload (opaque bytes).
-Header, big-endian (``struct`` format ``>BBIQQII``):
+Byte layout of ``<base_seq:020d>.log`` (base_seq is the sequence of its first record). Segment
+format 2 (written since leader epochs were given a file of their own) opens with a 12-byte
+segment header, big-endian (``struct`` format ``>4sHHI``), then records back to back:
 
     offset  size  field
-    0       1     format_version    u8   always 1 for now
+    0       4     magic             b"LHSG"
+    4       2     segment_format    u16  2
+    6       2     header_bytes      u16  12 (where the first record starts)
+    8       4     crc32c            u32  CRC32C of bytes 0..7
+
+Segment format 1 (every file written before) has no header: records start at byte 0. Such
+files stay as they are and are read as before; a data directory is upgraded in place by
+writing new segments in format 2 (``ShardLog.open`` rolls a new segment when the active one
+is in format 1). Magic, version and the CRC keep their places in every later format, so a
+file of a format this code does not know (a newer LogHub wrote it) is recognised and refused
+with ``UnsupportedFormatError`` rather than misread as damage (and cut). A header that fails
+its CRC is damage: it is rewritten when the record after it proves the layout (or when the
+file holds no record), and refused as ``CorruptSegmentError`` otherwise.
+
+Each record is a 30-byte header then the payload (opaque bytes), the same in both segment
+formats. Header, big-endian (``struct`` format ``>BBIQQII``):
+
+    offset  size  field
+    0       1     format_version    u8   record format, always 1
     1       1     attributes        u8   0 (reserved: compression, control records)
-    2       4     leader_epoch      u32  0 on a single server; room for replication
+    2       4     leader_epoch      u32  the epoch of the shard's leader that appended it
+                                         (0 on a single server; see ``leader_epochs``)
     6       8     sequence          u64  base_seq + index of the record in the segment
     14      8     receive_time_ms   u64  non-decreasing within a shard
     22      4     payload_length    u32  at most payload_bytes_max
@@ -18,8 +37,8 @@ The fixed leading bytes (format version 1, attributes 0) are the record's magic:
 next record after damage, ``_resync`` looks for them and accepts a candidate only when its
 sequence is after the damaged one (and no further than the bytes in between allow), its length
 fits the file, its time does not go back and its CRC32C over header and payload matches. A
-false match needs a 32-bit CRC collision on top of those checks. The layout is unchanged from
-the first release, so every segment ever written reads as it did.
+false match needs a 32-bit CRC collision on top of those checks. The record layout is unchanged
+from the first release, so every record ever written reads as it did.
 
 Who writes it: only the shard log's writer (one thread at a time), appending with ``os.write``
 on an ``O_APPEND`` descriptor; readers use ``os.pread`` and check every record's CRC.
@@ -53,27 +72,38 @@ from pathlib import Path
 
 import crc32c
 
-from loghub.errors import CorruptSegmentError
-from loghub.storage._files import FileCache, pread_fully, writev_fully
+from loghub.errors import CorruptSegmentError, UnsupportedFormatError
+from loghub.storage._files import FileCache, pread_fully, write_fully, writev_fully
 from loghub.storage.offset_index import OffsetIndex
 from loghub.storage.time_index import TimeIndex
 
 __all__ = [
     "FORMAT_VERSION",
     "HEADER_BYTES",
+    "SEGMENT_FORMAT_VERSION",
+    "SEGMENT_HEADER_BYTES",
     "LostRange",
     "ReadPlan",
     "Segment",
     "check_header",
     "encode_header",
+    "encode_segment_header",
     "record_crc_matches",
     "segment_base_sequences",
     "segment_file_name",
+    "segment_format",
 ]
 
 logger = logging.getLogger("loghub.storage")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # of records
+SEGMENT_FORMAT_VERSION = 2  # of segment files written now
+_SEGMENT_FORMAT_HEADERLESS = 1  # files written before segment headers existed
+_SEGMENT_MAGIC = b"LHSG"
+_SEGMENT_HEADER = struct.Struct(">4sHHI")
+_SEGMENT_HEADER_COVERED_BYTES = 8
+SEGMENT_HEADER_BYTES = _SEGMENT_HEADER.size
+assert SEGMENT_HEADER_BYTES == 12
 HEADER = struct.Struct(">BBIQQII")
 HEADER_BYTES = HEADER.size
 _CRC_COVERED = struct.Struct(">BBIQQI")
@@ -104,6 +134,31 @@ def segment_base_sequences(directory: Path) -> list[int]:
         if match is not None and entry.is_file():
             bases.append(int(match.group(1)))
     return sorted(bases)
+
+
+def encode_segment_header() -> bytes:
+    """The 12-byte header every segment file of the current format starts with."""
+    covered = _SEGMENT_HEADER.pack(_SEGMENT_MAGIC, SEGMENT_FORMAT_VERSION, SEGMENT_HEADER_BYTES, 0)
+    return covered[:8] + _CRC.pack(crc32c.crc32c(covered[:_SEGMENT_HEADER_COVERED_BYTES]))
+
+
+def segment_format(head: bytes) -> int | None:
+    """The segment format a file's first bytes declare: ``SEGMENT_FORMAT_VERSION``, a
+    newer one (the caller refuses it), 1 for a file without a header (records from byte 0),
+    or None when they start like a header but fail its checks (damaged, or torn while it
+    was being created). A pure leaf: the callers decide what damage means."""
+    if not head.startswith(_SEGMENT_MAGIC):
+        return None if _SEGMENT_MAGIC.startswith(head) and head else _SEGMENT_FORMAT_HEADERLESS
+    if len(head) < SEGMENT_HEADER_BYTES:
+        return None
+    _magic, version, header_bytes, stored = _SEGMENT_HEADER.unpack_from(head)
+    if stored != crc32c.crc32c(head[:_SEGMENT_HEADER_COVERED_BYTES]):
+        return None
+    if version < SEGMENT_FORMAT_VERSION:  # no such header was ever written
+        return None
+    if version == SEGMENT_FORMAT_VERSION and header_bytes != SEGMENT_HEADER_BYTES:
+        return None
+    return int(version)
 
 
 def encode_header(
@@ -226,6 +281,7 @@ class _ScanResult:
     time_entries: list[tuple[int, int]]
     lost: list[LostRange]
     problem: str | None  # what ended the walk before the end of the file
+    epoch_starts: list[tuple[int, int]]  # (epoch, sequence) where intact records change epoch
 
 
 @dataclass(frozen=True)
@@ -260,8 +316,19 @@ class Segment:
         self.files = files
         self.path = directory / segment_file_name(base_seq, ".log")
         if create:
-            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-            os.close(os.open(self.path, flags, _FILE_MODE))
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            fd = os.open(self.path, flags, _FILE_MODE)
+            try:  # durable before the file is listed, so no listed file lacks its header
+                write_fully(fd, encode_segment_header())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self.format_version = SEGMENT_FORMAT_VERSION
+        else:
+            self.format_version = self._open_format()
+        self.data_start = (
+            0 if self.format_version == _SEGMENT_FORMAT_HEADERLESS else SEGMENT_HEADER_BYTES
+        )
         self.offset_index = OffsetIndex(
             directory / segment_file_name(base_seq, ".index"), create=create
         )
@@ -339,6 +406,80 @@ class Segment:
                 return lost
         return None
 
+    # --- format ---------------------------------------------------------------------------
+
+    def _open_format(self) -> int:
+        """The segment format of an existing file. A damaged or torn header is rewritten
+        when nothing can be misread by doing so (the file holds no record, or an intact
+        first record starts right after the header); otherwise the file is refused."""
+        with self.files.use(self.path) as fd:
+            size_bytes = os.fstat(fd).st_size
+            head = pread_fully(fd, SEGMENT_HEADER_BYTES, 0)
+            found = segment_format(head)
+            if found == SEGMENT_FORMAT_VERSION:
+                return found
+            # a format-1 file starts with a record; one whose first bytes are junk but whose
+            # record base_seq starts right after a header is a format-2 one, header damaged
+            if found == _SEGMENT_FORMAT_HEADERLESS:
+                if not head or head[0] == FORMAT_VERSION:
+                    return found
+                if not self._intact_first_record(fd, size_bytes):
+                    return found  # junk where a record starts: damage the scan deals with
+            elif found is not None:
+                raise UnsupportedFormatError(
+                    f"{self.path}: segment format {found} was written by a newer LogHub; this "
+                    f"one reads formats {_SEGMENT_FORMAT_HEADERLESS} to {SEGMENT_FORMAT_VERSION}"
+                )
+            elif size_bytes > SEGMENT_HEADER_BYTES and not self._intact_first_record(
+                fd, size_bytes
+            ):
+                raise CorruptSegmentError(
+                    f"{self.path}: the segment header is damaged and no intact record follows "
+                    "it, so its format cannot be told; the file was left as it is"
+                )
+        logger.warning("%s: rewriting a damaged or torn segment header", self.path)
+        self._write_segment_header()
+        return SEGMENT_FORMAT_VERSION
+
+    def _intact_first_record(self, fd: int, size_bytes: int) -> bool:
+        """Whether record base_seq starts right after a segment header, intact."""
+        header = pread_fully(fd, HEADER_BYTES, SEGMENT_HEADER_BYTES)
+        if len(header) < HEADER_BYTES:
+            return False
+        fields = HEADER.unpack(header)
+        if check_header(fields, self.base_seq, self.payload_bytes_max) is not None:
+            return False
+        record_bytes = HEADER_BYTES + fields[5]
+        if SEGMENT_HEADER_BYTES + record_bytes > size_bytes:
+            return False
+        return record_crc_matches(pread_fully(fd, record_bytes, SEGMENT_HEADER_BYTES))
+
+    def _write_segment_header(self) -> None:
+        """Writes the current format's header over the file's first bytes, durably (not
+        through the cache's ``O_APPEND`` descriptor, which would write at the end)."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            header = encode_segment_header()
+            assert os.pwrite(fd, header, 0) == len(header)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def upgrade_empty(self) -> None:
+        """Gives an empty format-1 file the current format's header in place (the active
+        segment of a shard that holds no record), so that new records get the new format."""
+        assert self.format_version == _SEGMENT_FORMAT_HEADERLESS and self.size_bytes == 0
+        assert self.next_seq == self.base_seq and self.pins == 0
+        self._write_segment_header()
+        self.format_version = SEGMENT_FORMAT_VERSION
+        self.data_start = SEGMENT_HEADER_BYTES
+        self.size_bytes = self.committed_size_bytes = SEGMENT_HEADER_BYTES
+
+    @property
+    def headerless(self) -> bool:
+        """Whether the file is in format 1 (no header: written before segment headers)."""
+        return self.format_version == _SEGMENT_FORMAT_HEADERLESS
+
     # --- recovery -----------------------------------------------------------------------
 
     def recover(self) -> int:
@@ -361,6 +502,19 @@ class Segment:
         self.size_bytes = self.committed_size_bytes = result.valid_size_bytes
         self._adopt(result)
         return cut_bytes
+
+    def epoch_starts(self) -> list[tuple[int, int]]:
+        """(leader epoch, sequence) wherever the segment's intact records change epoch,
+        for rebuilding the leader-epoch file. A format-1 segment was written before epochs
+        were kept, by a single server: epoch 0 from its first intact record, no walk. A
+        format-2 one is walked (every header and CRC)."""
+        if self.headerless:
+            first_seq = self.base_seq
+            for lost in self.lost:
+                if lost.first_seq == first_seq:
+                    first_seq = lost.end_seq
+            return [(0, first_seq)] if first_seq < self.next_seq else []
+        return self._scan(self.committed_size_bytes, self.next_seq).epoch_starts
 
     def check_sealed(self, next_seq: int) -> None:
         """Checks an earlier (fsynced) segment holds [base_seq, next_seq); when its indexes
@@ -414,13 +568,13 @@ class Segment:
 
     def _indexes_match_log(self) -> bool:
         count = self.record_count
-        if not self.offset_index.is_consistent(self.size_bytes, count):
+        if not self.offset_index.is_consistent(self.size_bytes, count, self.data_start):
             return False
         if not self.time_index.is_consistent(count):
             return False
         last = self.offset_index.last()
         if last is None:
-            return self.size_bytes == 0
+            return self.size_bytes == self.data_start
         # Walk the headers after the last entry: they must end exactly at the end of the file.
         relative_sequence, position = last
         sequence = self.base_seq + relative_sequence
@@ -448,20 +602,23 @@ class Segment:
         when an intact one follows it (a lost range); otherwise the walk ends there.
         ``end_seq``, when known (a sealed segment), bounds the sequences accepted."""
         builder = _IndexBuilder(self.base_seq, self.index_interval_bytes, None, None)
-        position = 0
+        position = self.data_start
         sequence = self.base_seq
         problem: str | None = None
         lost: list[LostRange] = []
+        epoch_starts: list[tuple[int, int]] = []
         sequence_limit = _U64_MAX + 1 if end_seq is None else end_seq
         with self.files.use(self.path) as fd:
             reader = _ChunkReader(fd, file_size, _SCAN_CHUNK_BYTES)
             while position < file_size:
-                problem, record_bytes, time_ms = self._check_record(
+                problem, record_bytes, time_ms, epoch = self._check_record(
                     reader, position, sequence, builder.last_time_ms
                 )
                 if problem is None and sequence >= sequence_limit:
                     problem = f"sequence {sequence} past the segment's end {sequence_limit}"
                 if problem is None:
+                    if not epoch_starts or epoch_starts[-1][0] != epoch:
+                        epoch_starts.append((epoch, sequence))
                     builder.add(sequence, time_ms, position)
                     position += record_bytes
                     sequence += 1
@@ -482,27 +639,29 @@ class Segment:
             time_entries=builder.time_entries,
             lost=lost,
             problem=problem,
+            epoch_starts=epoch_starts,
         )
 
     def _check_record(
         self, reader: _ChunkReader, position: int, sequence: int, last_time_ms: int | None
-    ) -> tuple[str | None, int, int]:
-        """(problem or None, record bytes, receive time) of the record at ``position``."""
+    ) -> tuple[str | None, int, int, int]:
+        """(problem or None, record bytes, receive time, leader epoch) of the record at
+        ``position``."""
         header = reader.view(position, HEADER_BYTES)
         if header is None:
-            return "incomplete header", 0, 0
+            return "incomplete header", 0, 0, 0
         fields = HEADER.unpack(header)
         problem = check_header(fields, sequence, self.payload_bytes_max)
         if problem is None and last_time_ms is not None and fields[4] < last_time_ms:
             problem = "receive time went back"
         if problem is not None:
-            return problem, 0, 0
+            return problem, 0, 0, 0
         record = reader.view(position, HEADER_BYTES + fields[5])
         if record is None:
-            return "incomplete record", 0, 0
+            return "incomplete record", 0, 0, 0
         if not record_crc_matches(record):
-            return "CRC mismatch", 0, 0
-        return None, len(record), fields[4]
+            return "CRC mismatch", 0, 0, 0
+        return None, len(record), fields[4], fields[2]
 
     def _resync(
         self,

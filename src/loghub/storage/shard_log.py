@@ -1,10 +1,22 @@
 """A shard log: one shard's records, durable on local disk, as a list of segments.
 
 Byte layout: a directory of segments (see ``loghub.storage.segment``), each named by the first
-sequence it holds, ``00000000000000000000.log`` with its ``.index`` and ``.timeindex``. The
-segments are contiguous: a segment holds [its base, the next segment's base). Only the last
-(active) segment is appended to; a new one is rolled when the active one would pass
-``segment_bytes_max`` (a record larger than that gets a segment of its own).
+sequence it holds, ``00000000000000000000.log`` with its ``.index`` and ``.timeindex``, and
+the ``leader-epochs`` file (see ``loghub.storage.leader_epochs``). The segments are
+contiguous: a segment holds [its base, the next segment's base). Only the last (active)
+segment is appended to; a new one is rolled when the active one would pass
+``segment_bytes_max`` (a record larger than that gets a segment of its own). Segments of the
+first format (no segment header) are read as they are; when the active one is of that
+format, ``open`` starts a new segment (or gives an empty one its header), so new records
+always go into the current format and old files are never rewritten.
+
+Leader epochs and the high watermark, the seams replication is built on: every record is
+stamped with the log's current leader epoch (``set_leader_epoch``; 0 on a single server),
+and the leader-epoch file records where each epoch began, written once per epoch before its
+first record. ``end_seq`` is the end of the records written (Kafka's log end offset);
+``high_watermark_seq`` the end of the committed ones, which is all a consumer's ``read``
+returns. On a single server the two are equal; a follower's ``read_raw`` copies up to
+``end_seq``.
 
 Life cycle of an append under ``fsync_policy="always"`` (group commit, leader/follower):
 
@@ -71,6 +83,13 @@ from loghub.errors import (
     StorageError,
 )
 from loghub.storage._files import FileCache, fsync_directory
+from loghub.storage.leader_epochs import (
+    EpochEntry,
+    fit_to_log,
+    merge_epoch_starts,
+    read_leader_epochs,
+    write_leader_epochs,
+)
 from loghub.storage.segment import (
     HEADER,
     HEADER_BYTES,
@@ -88,7 +107,7 @@ __all__ = ["ReadBatch", "ShardLog", "ShardLogStatistics", "StagedAppend", "Stora
 logger = logging.getLogger("loghub.storage")
 
 _POSITION_MAX = 2**32 - 1
-_LEADER_EPOCH = 0  # a single server; replication will carry the leader's epoch
+_EPOCH_MAX = 2**32 - 1
 _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -140,7 +159,7 @@ class ShardLogStatistics:
     begin_seq: int
     end_seq: int
     segment_count: int
-    size_bytes: int
+    size_bytes: int  # bytes of the committed records (segment headers not counted)
     fsync_count: int  # fdatasyncs of log files (group commit makes it < append_count)
     append_count: int  # records appended (append and append_raw) since open
     lost_range_count: int  # damaged ranges found (on open or by reads since)
@@ -207,6 +226,7 @@ class ShardLog:
         segments: list[Segment],
         files: FileCache,
         label: str,
+        epochs: list[EpochEntry],
     ) -> None:
         assert segments
         self.path = path
@@ -218,6 +238,8 @@ class ShardLog:
         self._condition = threading.Condition(self._lock)
         self._segments = segments
         self._end_seq = segments[-1].next_seq
+        self._epochs = epochs  # the leader-epoch file's entries; replaced, never changed
+        self._leader_epoch = epochs[-1][0] if epochs else 0  # what appends are stamped with
         self._last_time_ms = 0
         for segment in reversed(segments):
             if segment.max_time_ms is not None:
@@ -236,7 +258,7 @@ class ShardLog:
         self._synced_append_count = 0
         self._stop_syncing = threading.Event()
         self._sync_thread: threading.Thread | None = None
-        # Called with the new end_seq each time it advances, from the committing thread with
+        # Called with the new high watermark each time it advances, from the committing thread with
         # the lock held, so it must be quick and must not call back into this log (the
         # server wakes pulls parked at the end of the shard; loop.call_soon_threadsafe).
         self.end_seq_listener: Callable[[int], None] | None = None
@@ -279,11 +301,14 @@ class ShardLog:
                     cut_bytes = segment.recover()
                     if cut_bytes:
                         logger.warning("shard log %s: recovery cut %d bytes", path, cut_bytes)
+            _upgrade_active_segment(path, segments, files, limits)
+            epochs = _load_leader_epochs(path, segments)
         except BaseException:
             for segment in segments:
                 segment.close()
             raise
-        return cls(path, config, clock, segments, files, label or f"shard {path.name}")
+        label = label or f"shard {path.name}"
+        return cls(path, config, clock, segments, files, label, epochs)
 
     # --- appending ----------------------------------------------------------------------
 
@@ -318,7 +343,8 @@ class ShardLog:
                 time_ms = max(time_ms, request.receive_time_ms)
                 request.sequence = self._end_seq + offset
                 records.append((request.sequence, time_ms, b"", request.payload))
-            self._commit(records)
+            epoch = self._leader_epoch
+            self._commit(records, epoch, self._epoch_change(epoch))
         except StorageError as exc:
             for request in batch:
                 request.error = exc
@@ -353,6 +379,8 @@ class ShardLog:
             try:
                 self._check_not_sealed()
                 first_seq, time_ms = self._end_seq, self._last_time_ms
+                epoch = self._leader_epoch
+                epoch_change = self._epoch_change(epoch)
                 records: list[_Record] = []
                 for offset, (payload, receive_time_ms) in enumerate(payloads):
                     assert len(payload) <= self._config.payload_bytes_max
@@ -364,7 +392,8 @@ class ShardLog:
                 raise
         created: list[Segment] = []
         try:
-            framed = self._framed(records)
+            self._record_epochs(epoch_change)
+            framed = self._framed(records, epoch)
             self._write_batch(framed, created, sync=False)
         except BaseException as exc:
             with self._condition:
@@ -413,16 +442,22 @@ class ShardLog:
                 self._check_not_sealed()
                 expected = self._end_seq
                 time_ms = self._last_time_ms
-                for sequence, receive_time_ms, _header, _payload in parsed:
-                    if sequence != expected or receive_time_ms < time_ms:
+                epoch_last = self._epochs[-1][0] if self._epochs else -1
+                epoch_changes: list[EpochEntry] = []
+                for sequence, receive_time_ms, header, _payload in parsed:
+                    epoch = HEADER.unpack(header)[2]
+                    if sequence != expected or receive_time_ms < time_ms or epoch < epoch_last:
                         raise StorageError(
-                            f"raw record {sequence} (time {receive_time_ms}) does not follow "
-                            f"sequence {expected - 1} (time {time_ms})"
+                            f"raw record {sequence} (time {receive_time_ms}, epoch {epoch}) does "
+                            f"not follow sequence {expected - 1} (time {time_ms}, epoch "
+                            f"{epoch_last})"
                         )
+                    if epoch > epoch_last:
+                        epoch_changes.append((epoch, sequence))
                     expected += 1
-                    time_ms = receive_time_ms
+                    time_ms, epoch_last = receive_time_ms, epoch
                 if parsed:
-                    self._commit(parsed)
+                    self._commit(parsed, self._leader_epoch, epoch_changes)
                 return self._end_seq
             finally:
                 self._release_writer()
@@ -449,15 +484,17 @@ class ShardLog:
             position = end
         return parsed
 
-    def _commit(self, records: list[_Record]) -> None:
-        """Writes and syncs ``records`` (headers made here when empty), then publishes them.
-        Called with the lock and the writer role held; drops the lock during I/O."""
+    def _commit(self, records: list[_Record], epoch: int, epoch_changes: list[EpochEntry]) -> None:
+        """Writes and syncs ``records`` (headers made here with ``epoch`` when empty), then
+        publishes them; ``epoch_changes`` go to the leader-epoch file first. Called with the
+        lock and the writer role held; drops the lock during I/O."""
         undo = self._undo_point()
         created: list[Segment] = []
         self._condition.release()
         try:
+            self._record_epochs(epoch_changes)
             self._write_batch(
-                self._framed(records), created, sync=self._config.fsync_policy == "always"
+                self._framed(records, epoch), created, sync=self._config.fsync_policy == "always"
             )
         except BaseException as exc:
             self._condition.acquire()
@@ -469,11 +506,30 @@ class ShardLog:
         segment = self._segments[-1]
         return _UndoPoint(segment, segment.size_bytes, segment.next_seq, self._last_time_ms)
 
-    def _framed(self, records: list[_Record]) -> list[_Record]:
+    @staticmethod
+    def _framed(records: list[_Record], epoch: int) -> list[_Record]:
         return [
-            (sequence, time_ms, header or self._header(sequence, time_ms, payload), payload)
+            (sequence, time_ms, header or encode_header(sequence, time_ms, payload, epoch), payload)
             for sequence, time_ms, header, payload in records
         ]
+
+    def _epoch_change(self, epoch: int) -> list[EpochEntry]:
+        """The leader-epoch entry a batch stamped with ``epoch`` starts, if any (lock and
+        writer role held): one comparison per batch, a file write once per epoch."""
+        if self._epochs and self._epochs[-1][0] == epoch:
+            return []
+        return [(epoch, self._end_seq)]
+
+    def _record_epochs(self, epoch_changes: list[EpochEntry]) -> None:
+        """Writes the leader-epoch file with ``epoch_changes`` before the records they
+        describe (writer role held, lock not held): no durable record lacks its entry."""
+        if not epoch_changes:
+            return
+        begin_seq = self._segments[0].base_seq  # retention waits for the writer role
+        epochs = fit_to_log(merge_epoch_starts(self._epochs, epoch_changes), begin_seq, 2**64)
+        write_leader_epochs(self.path, epochs)
+        with self._lock:
+            self._epochs = epochs
 
     def _undo(self, undo: _UndoPoint, created: list[Segment], exc: BaseException) -> NoReturn:
         """Cuts a failed batch off (lock held) and raises what its failure means."""
@@ -497,11 +553,7 @@ class ShardLog:
         self._last_time_ms = records[-1][1]
         self._append_count += len(records)
         if self.end_seq_listener is not None:
-            self.end_seq_listener(self._end_seq)
-
-    @staticmethod
-    def _header(sequence: int, time_ms: int, payload: bytes) -> bytes:
-        return encode_header(sequence, time_ms, payload, _LEADER_EPOCH)
+            self.end_seq_listener(self._high_watermark_seq())
 
     def _write_batch(self, records: list[_Record], created: list[Segment], sync: bool) -> None:
         """One write per segment touched; rolls when the active segment would overflow."""
@@ -511,7 +563,8 @@ class ShardLog:
         for record in records:
             record_bytes = HEADER_BYTES + len(record[3])
             size_after = segment.size_bytes + chunk_bytes + record_bytes
-            if segment.size_bytes + chunk_bytes > 0 and size_after > self._config.segment_bytes_max:
+            holds_records = segment.size_bytes + chunk_bytes > segment.data_start
+            if holds_records and size_after > self._config.segment_bytes_max:
                 self._write_chunk(segment, chunk)
                 segment = self._roll(segment, record[0])
                 created.append(segment)
@@ -667,14 +720,17 @@ class ShardLog:
     def read(
         self, start_seq: int, count_max: int, bytes_max: int, end_seq: int | None = None
     ) -> ReadBatch:
-        """Payloads of records [start_seq, min(end_seq, self.end_seq)), at most ``count_max``
-        of them and about ``bytes_max`` bytes (at least one record when any is available)."""
+        """Payloads of records [start_seq, min(end_seq, self.high_watermark_seq)), at most
+        ``count_max`` of them and about ``bytes_max`` bytes (at least one record when any is
+        available)."""
         state = self._read(start_seq, count_max, bytes_max, end_seq, raw=False)
         return ReadBatch(b"".join(state.parts), len(state.parts), start_seq + len(state.parts))
 
     def read_raw(self, start_seq: int, bytes_max: int) -> bytes:
         """Framed records (headers included) from ``start_seq``, about ``bytes_max`` bytes
-        (at least one record when any is available), for a follower's ``append_raw``."""
+        (at least one record when any is available), for a follower's ``append_raw``. Up to
+        end_seq, not the high watermark: a follower must copy records before they count as
+        committed (Kafka's follower fetch)."""
         return b"".join(self._read(start_seq, 2**63, bytes_max, None, raw=True).parts)
 
     def _read(
@@ -699,7 +755,9 @@ class ShardLog:
         with self._lock:
             self._check_open()
             self._check_cursor(start_seq)
-            stop_seq = self._end_seq if end_seq is None else min(end_seq, self._end_seq)
+            # consumers never see past the high watermark; a follower copies up to the end
+            limit_seq = self._end_seq if raw else self._high_watermark_seq()
+            stop_seq = limit_seq if end_seq is None else min(end_seq, limit_seq)
             if count_max == 0 or start_seq >= stop_seq:
                 return state
             plans = self._plan_reads(start_seq, stop_seq)
@@ -841,8 +899,45 @@ class ShardLog:
 
     @property
     def end_seq(self) -> int:
+        """One past the last record written and synced under the policy (Kafka's log end
+        offset). Writers and followers use it; readers use ``high_watermark_seq``."""
         with self._lock:
             return self._end_seq
+
+    @property
+    def high_watermark_seq(self) -> int:
+        """One past the last committed record: what consumers may read and where the "end"
+        cursor points. Never above end_seq and never goes back."""
+        with self._lock:
+            return self._high_watermark_seq()
+
+    def _high_watermark_seq(self) -> int:
+        """The high watermark (lock held). On a single server every record that is durable
+        under the policy is committed, so it is end_seq; with replicas it becomes the least
+        end_seq of the in-sync replicas, and this is the one place that changes."""
+        return self._end_seq
+
+    # --- leader epochs --------------------------------------------------------------------
+
+    @property
+    def leader_epoch(self) -> int:
+        """The epoch that appends are stamped with (0 on a single server)."""
+        with self._lock:
+            return self._leader_epoch
+
+    def set_leader_epoch(self, epoch: int) -> None:
+        """Stamps later appends with ``epoch`` (this log's node became the shard's leader in
+        it). The leader-epoch file gets the epoch's entry with its first record. Epochs only
+        go up: an older one means the caller acts on a stale leadership."""
+        assert 0 <= epoch <= _EPOCH_MAX
+        with self._lock:
+            assert epoch >= self._leader_epoch, (epoch, self._leader_epoch)
+            self._leader_epoch = epoch
+
+    def leader_epochs(self) -> list[EpochEntry]:
+        """(epoch, first sequence) of every epoch of the retained records, ascending."""
+        with self._lock:
+            return fit_to_log(self._epochs, self._segments[0].base_seq, self._end_seq)
 
     def receive_time_ms(self, seq: int) -> int:
         """The receive time of record ``seq``; for end_seq, the newest record's (or the clock's
@@ -992,7 +1087,9 @@ class ShardLog:
                 begin_seq=self._segments[0].base_seq,
                 end_seq=self._end_seq,
                 segment_count=len(self._segments),
-                size_bytes=sum(segment.committed_size_bytes for segment in self._segments),
+                size_bytes=sum(
+                    segment.committed_size_bytes - segment.data_start for segment in self._segments
+                ),
                 fsync_count=self._fsync_count,
                 append_count=self._append_count,
                 lost_range_count=len(self._lost),
@@ -1029,3 +1126,39 @@ def _expired(segment: Segment, cutoff_ms: int) -> bool:
     """Whether every record of ``segment`` is older than the cut-off (true when empty)."""
     max_time_ms = segment.max_time_ms
     return max_time_ms is None or max_time_ms < cutoff_ms
+
+
+def _upgrade_active_segment(
+    path: Path, segments: list[Segment], files: FileCache, limits: dict[str, int]
+) -> None:
+    """Sees that new records go into the current segment format (during open): an empty
+    format-1 active segment gets its header in place; a non-empty one is sealed as it is
+    and a new segment started after it, so that a format-1 file never changes again."""
+    active = segments[-1]
+    if not active.headerless:
+        return
+    if active.size_bytes == 0:
+        active.upgrade_empty()
+        logger.info("shard log %s: active segment upgraded in place", path)
+        return
+    active.seal()
+    new_segment = Segment.create(path, active.next_seq, files=files, **limits)
+    new_segment.next_seq = active.next_seq
+    segments.append(new_segment)
+    fsync_directory(path)
+    logger.info("shard log %s: new segment at %d in the current format", path, active.next_seq)
+
+
+def _load_leader_epochs(path: Path, segments: list[Segment]) -> list[EpochEntry]:
+    """The leader-epoch file's entries fitted to the log (during open); rebuilt from the
+    record headers, and written again, when the file is damaged or missing while the log
+    holds records."""
+    begin_seq, end_seq = segments[0].base_seq, segments[-1].next_seq
+    entries, exists = read_leader_epochs(path)
+    if entries is None and (exists or end_seq > begin_seq):
+        if exists:
+            logger.error("shard log %s: leader-epoch file damaged; rebuilding it", path)
+        starts = [start for segment in segments for start in segment.epoch_starts()]
+        entries = fit_to_log(merge_epoch_starts([], starts), begin_seq, end_seq)
+        write_leader_epochs(path, entries)
+    return fit_to_log(entries or [], begin_seq, end_seq)

@@ -9,6 +9,8 @@ segments: an idle shard holds none (its indexes are in memory), a busy one holds
 segment's log file while it is written or read.
 
 After a crash: nothing to do here; each shard log recovers its own tail when first opened.
+Before that, ``check_formats`` lets a server refuse at start a directory written by a newer
+LogHub (a segment format it does not know), rather than fail on the first request for it.
 A ``drop_logstore`` cut short by a crash leaves part of the directory, which the caller
 (which owns the key) may drop again.
 
@@ -25,8 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from loghub._clock import Clock
-from loghub.errors import StorageClosedError
-from loghub.storage._files import FileCache, fsync_directory
+from loghub.errors import StorageClosedError, UnsupportedFormatError
+from loghub.storage._files import FileCache, fsync_directory, pread_fully
+from loghub.storage.segment import (
+    SEGMENT_FORMAT_VERSION,
+    SEGMENT_HEADER_BYTES,
+    segment_base_sequences,
+    segment_file_name,
+    segment_format,
+)
 from loghub.storage.shard_log import ShardLog, StorageConfig
 
 __all__ = ["ShardStore", "ShardStoreStatistics"]
@@ -67,6 +76,30 @@ class ShardStore:
                 log = ShardLog.open(directory, self._config, self._clock, self._files, label)
                 self._logs[(logstore_key, shard_id)] = log
             return log
+
+    def check_formats(self) -> int:
+        """Refuses (UnsupportedFormatError, naming the file) a data directory holding a
+        segment in a format newer than this code reads, before anything is served from it:
+        shard logs open on first use, and a server that started would otherwise fail only
+        when a request reached that shard. Reads the first bytes of every segment file
+        (``<logstore_key>/<shard_id>/``, the key being ``project/logstore``); returns how
+        many it read."""
+        checked = 0
+        for shard_dir in sorted(self.data_dir.glob("*/*/*")):
+            if not shard_dir.name.isdigit() or not shard_dir.is_dir():
+                continue
+            for base_seq in segment_base_sequences(shard_dir):
+                path = shard_dir / segment_file_name(base_seq, ".log")
+                with open(path, "rb") as file:
+                    found = segment_format(pread_fully(file.fileno(), SEGMENT_HEADER_BYTES, 0))
+                checked += 1
+                if found is not None and found > SEGMENT_FORMAT_VERSION:
+                    raise UnsupportedFormatError(
+                        f"{path}: segment format {found} was written by a newer LogHub "
+                        f"(this one reads formats up to {SEGMENT_FORMAT_VERSION}); run that "
+                        "version on this data directory"
+                    )
+        return checked
 
     def drop_logstore(self, logstore_key: str) -> None:
         """Closes the logstore's shard logs and deletes its directory."""
