@@ -363,3 +363,45 @@ def test_a_deleted_logstore_leaves_no_data_on_any_node(cluster: LogHubCluster) -
         assert time.monotonic() < deadline, "a returning node kept a deleted logstore's data"
         time.sleep(0.1)
     cluster.wait_placed()
+
+
+def test_every_node_exports_the_cluster_status_as_metrics(cluster: LogHubCluster) -> None:
+    """A scrape of any node says what `loghub cluster status` says: the live nodes, the
+    controller and its epoch, the shards per node, and none unavailable."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape(node: ServerProcess) -> dict[str, list[tuple[dict[str, str], float]]]:
+        reply = httpx.get(
+            f"http://{node.endpoint}/metrics", auth=next(iter(KEYS.items())), trust_env=False
+        )
+        reply.raise_for_status()
+        return {
+            family.name: [(sample.labels, sample.value) for sample in family.samples]
+            for family in text_string_to_metric_families(reply.text)
+        }
+
+    cluster.wait_placed()
+    status = cluster.status()
+    expected = {
+        "loghub_cluster_nodes": [({}, 3.0)],
+        "loghub_cluster_controller_epoch": [
+            ({"node": status["controller"]}, float(status["controller_epoch"]))  # type: ignore[arg-type]
+        ],
+        "loghub_cluster_node_shards": [
+            ({"node": n["node"], "rack": n["rack"], "draining": "0"}, float(n["shards"]))
+            for n in status["nodes"]  # type: ignore[attr-defined]
+        ],
+        "loghub_cluster_unavailable_shards": [({}, 0.0)],
+        "loghub_cluster_handovers": [({}, 0.0)],
+    }
+    assert sum(n["shards"] for n in status["nodes"]) > 0  # type: ignore[attr-defined]
+    for node in cluster.nodes:
+        deadline = time.monotonic() + 5
+        while True:  # a node's view follows etcd's by its watch's delay
+            families = scrape(node)
+            seen = {name: families.get(name) for name in expected}
+            if seen == expected:
+                break
+            assert time.monotonic() < deadline, (node.endpoint, seen, expected)
+            time.sleep(0.1)

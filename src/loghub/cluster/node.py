@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from loghub.cluster.controller import (
     PLACEMENT_PREFIX,
@@ -41,6 +41,7 @@ from loghub.cluster.membership import (
     NodeMembership,
     read_nodes,
 )
+from loghub.cluster.status import summarize
 from loghub.errors import ControlPlaneError, LogHubError
 
 __all__ = ["LocalLogs", "NodeAgent"]
@@ -147,6 +148,15 @@ class NodeAgent:
         return None
 
     _controller_id: str | None = None
+    _controller_epoch: int | None = None
+
+    def status(self) -> dict[str, Any]:
+        """``loghub cluster status`` as this node sees the cluster now (its last view of
+        etcd's nodes, controller and placements), for its ``/metrics``."""
+        drains = sorted(n.node_id for n in self.nodes.values() if n.draining)
+        return summarize(
+            self.nodes, self._controller_id, self._controller_epoch, self.placements, drains
+        )
 
     async def _watch(self, prefix: str, reload: Callable[[], object]) -> None:
         while not self._stopping:
@@ -164,6 +174,7 @@ class NodeAgent:
         self.nodes = await read_nodes(self.store)
         current = await self.role.current()
         self._controller_id = current.value.decode() if current else None
+        self._controller_epoch = current.create_revision if current else None
         if self.on_change:
             self.on_change()
 

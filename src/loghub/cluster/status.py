@@ -7,13 +7,14 @@ and the shards whose node is gone (unavailable: with one replica their logs wait
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from loghub.cluster.controller import read_placements
+from loghub.cluster.controller import PlacementRecord, read_placements
 from loghub.cluster.etcd_store import EtcdStore
-from loghub.cluster.membership import CONTROLLER_KEY, DRAIN_PREFIX, read_nodes
+from loghub.cluster.membership import CONTROLLER_KEY, DRAIN_PREFIX, NodeInfo, read_nodes
 
-__all__ = ["cluster_status", "set_drain"]
+__all__ = ["cluster_status", "set_drain", "summarize"]
 
 
 async def cluster_status(url: str) -> dict[str, Any]:
@@ -24,6 +25,24 @@ async def cluster_status(url: str) -> dict[str, Any]:
         drains = sorted(
             e.key.removeprefix(DRAIN_PREFIX) for e in await store.get_prefix(DRAIN_PREFIX)
         )
+    return summarize(
+        nodes,
+        controller.value.decode() if controller else None,
+        controller.create_revision if controller else None,
+        placements,
+        drains,
+    )
+
+
+def summarize(
+    nodes: Mapping[str, NodeInfo],
+    controller: str | None,
+    controller_epoch: int | None,
+    placements: Mapping[tuple[str, str], PlacementRecord],
+    drains: list[str],
+) -> dict[str, Any]:
+    """The status from a view of the cluster: etcd's (``cluster_status``) or a node's own
+    (its ``/metrics``), so that both say the same thing the same way."""
     held: dict[str, int] = {node_id: 0 for node_id in nodes}
     unavailable = []
     moving = []
@@ -40,8 +59,8 @@ async def cluster_status(url: str) -> dict[str, Any]:
                 {"project": project, "logstore": logstore, "shard": shard_id, "to": target}
             )
     return {
-        "controller": controller.value.decode() if controller else None,
-        "controller_epoch": controller.create_revision if controller else None,
+        "controller": controller,
+        "controller_epoch": controller_epoch,
         "nodes": [
             {
                 "node": node.node_id,

@@ -309,6 +309,9 @@ class LogHubApp:
             self.service.groups.is_remote = lambda p, ls, s: not routing.is_local(p, ls, s)
             self.service.groups.persistence = routing
             routing.on_group_lost = self.service.groups.forget
+            self.service.metrics.watch_cluster(
+                lambda: None if routing.agent is None else routing.agent.status()
+            )
         self._lb_turn = itertools.count()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

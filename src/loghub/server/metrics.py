@@ -34,7 +34,7 @@ import bisect
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import (
@@ -288,6 +288,11 @@ class ServerMetrics:
         """Registers the scrape-time gauges: disk, free space and consumer-group lag."""
         self.registry.register(_SnapshotCollector(source))
 
+    def watch_cluster(self, status: Callable[[], dict[str, Any] | None]) -> None:
+        """Registers the cluster gauges, read at scrape time from ``status`` (the node's
+        view in the shape of ``loghub cluster status --json``; None before it joined)."""
+        self.registry.register(_ClusterCollector(status))
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -350,6 +355,56 @@ class _SnapshotCollector(Collector):
             lag_seconds.add_metric(values, lag.lag_s)
         yield lag_groups
         yield lag_seconds
+
+
+class _ClusterCollector(Collector):
+    """What ``loghub cluster status`` shows, as this node sees it: a scrape of any node
+    tells whether the cluster has a controller, which nodes are in it, and what waits."""
+
+    def __init__(self, status: Callable[[], dict[str, Any] | None]) -> None:
+        self._status = status
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        status = self._status()
+        if status is None:
+            return
+        nodes = GaugeMetricFamily(
+            "loghub_cluster_nodes", "Nodes holding a live lease in the cluster."
+        )
+        nodes.add_metric([], float(len(status["nodes"])))
+        yield nodes
+        shards = GaugeMetricFamily(
+            "loghub_cluster_node_shards",
+            "Writable shards placed on a live node (rack and drain mark as labels).",
+            labels=["node", "rack", "draining"],
+        )
+        for node in status["nodes"]:
+            labels = [node["node"], node["rack"], "1" if node["draining"] else "0"]
+            shards.add_metric(labels, float(node["shards"]))
+        yield shards
+        controller = GaugeMetricFamily(
+            "loghub_cluster_controller_epoch",
+            "The controller's epoch (its key's create revision), labelled with its node; "
+            "absent while no node is controller.",
+            labels=["node"],
+        )
+        if status["controller"] is not None:
+            controller.add_metric([status["controller"]], float(status["controller_epoch"]))
+        yield controller
+        unavailable = GaugeMetricFamily(
+            "loghub_cluster_unavailable_shards",
+            "Shards placed on a node that is gone (with one replica, unreadable until it returns).",
+        )
+        unavailable.add_metric([], float(len(status["unavailable_shards"])))
+        yield unavailable
+        moving = GaugeMetricFamily(
+            "loghub_cluster_handovers", "Shards being handed over to another node."
+        )
+        moving.add_metric([], float(len(status["handovers"])))
+        yield moving
 
 
 def _reader(statistics: Callable[[], ShardStoreStatistics], field: str) -> Callable[[], float]:
