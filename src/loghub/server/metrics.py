@@ -22,7 +22,10 @@ What is counted where, and what it costs:
 - In a cluster, on every request passed on to another node: a counter by API.
 - At scrape time only: disk bytes per logstore, free space, and each group's lag per shard,
   read by a collector from the service (``SnapshotSource``). Their cost grows with the number
-  of shards and groups and is paid by the scraper, never by the data path.
+  of shards and groups and is paid by the scraper, never by the data path. In a cluster
+  also the cluster's status as this node sees it (``NodeAgent.status``, built from the
+  agent's dictionaries, which its loop replaces and never changes in place, so a scrape
+  thread reads them whole).
 
 Thread-safety: prometheus-client's metrics are thread-safe; the child cache is filled under
 a lock (a lookup that misses takes it once per shard and process lifetime).
