@@ -375,7 +375,8 @@ def _kafka_front_end(config: ServerConfig) -> list[Any]:
     sock = bind_listener(config.host, config.kafka_port)
 
     def start(service: Any) -> Any:
-        return start_listener(service, sock, config).stop
+        # the service's config: in a cluster it holds the cluster's keys (``serve``)
+        return start_listener(service, sock, service.config).stop
 
     return [start]
 
@@ -561,6 +562,31 @@ def cluster_status(cluster: ClusterUrl, as_json: AsJson = False) -> None:
         console.print(
             f"  {shard['project']}/{shard['logstore']} shard {shard['shard']} on {shard['node']}"
         )
+
+
+@cluster_app.command("keys")
+def cluster_keys(
+    cluster: ClusterUrl,
+    keys_file: Annotated[
+        Path,
+        typer.Option(help="the cluster's new access keys: a keys file, as `serve --keys-file`"),
+    ],
+) -> None:
+    """Replaces the access keys every node of the cluster accepts (add, rotate, revoke)."""
+    import asyncio
+
+    from loghub.cluster.keys import set_keys
+    from loghub.server.config import parse_keys_document
+
+    try:
+        document = json.loads(keys_file.read_text())
+        entries = parse_keys_document(document, f"keys file {keys_file}")
+    except (OSError, ValueError, LogHubError) as exc:
+        message = exc.message if isinstance(exc, LogHubError) else str(exc)
+        raise typer.BadParameter(f"cannot use {keys_file}: {message}") from exc
+    asyncio.run(set_keys(cluster, document))
+    print(f"the cluster's access keys are now the {len(entries)} of {keys_file}; every node"
+          " follows within a second")  # fmt: skip
 
 
 @node_app.command("drain")

@@ -6,9 +6,12 @@ succeeded on the others within its TTL and a controller round."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import statistics
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -405,3 +408,66 @@ def test_every_node_exports_the_cluster_status_as_metrics(cluster: LogHubCluster
                 break
             assert time.monotonic() < deadline, (node.endpoint, seen, expected)
             time.sleep(0.1)
+
+
+def accepted(node: ServerProcess, key_id: str, secret: str) -> bool:
+    """Whether ``node`` takes a request signed with this key (the official SDK's)."""
+    from aliyun.log import LogException
+
+    with sdk(node):
+        try:
+            LogClient(node.endpoint, key_id, secret).get_project(PROJECT)
+            return True
+        except LogException as exc:
+            assert exc.get_error_code() in ("InvalidAccessKeyId", "SignatureNotMatch"), exc
+            return False
+
+
+def until_every_node(cluster: LogHubCluster, key: tuple[str, str], wanted: bool) -> None:
+    deadline = time.monotonic() + 10
+    for node in cluster.nodes:
+        while accepted(node, *key) != wanted:
+            assert time.monotonic() < deadline, (node.endpoint, key, wanted)
+            time.sleep(0.1)
+
+
+def set_cluster_keys(cluster: LogHubCluster, keys: dict[str, str]) -> subprocess.CompletedProcess:
+    path = cluster.base / "cluster-keys.json"
+    path.write_text(json.dumps(keys))
+    return subprocess.run(
+        [sys.executable, "-m", "loghub", "cluster", "keys", "--cluster", cluster.etcd.url,
+         "--keys-file", str(path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_access_keys_live_in_etcd_and_every_node_follows_them(cluster: LogHubCluster) -> None:
+    """The cluster's keys are the first node's, kept in etcd: a node started with other
+    keys takes the cluster's, and `loghub cluster keys` adds and revokes keys on every node
+    at once, without a restart. Keys that would open the cluster are refused."""
+    rotated = ("rotated", "a-new-secret")
+    assert not accepted(cluster.nodes[0], *rotated)
+    done = set_cluster_keys(cluster, {"ak": "sk", rotated[0]: rotated[1]})
+    assert done.returncode == 0, done.stderr
+    until_every_node(cluster, rotated, True)
+    assert all(accepted(node, "ak", "sk") for node in cluster.nodes)
+
+    # a node whose own keys file says otherwise takes the cluster's
+    controller = cluster.status()["controller"]
+    index = next(i for i in (2, 1) if f"n{i}" != controller)
+    cluster.nodes[index].stop()
+    cluster.keys = {"stranger": "its-own-secret"}
+    try:
+        node = cluster.start_node(index)
+    finally:
+        cluster.keys = KEYS
+    assert accepted(node, *rotated) and not accepted(node, "stranger", "its-own-secret")
+    assert "differ from the cluster's" in node.log()
+
+    refused = set_cluster_keys(cluster, {})
+    assert refused.returncode != 0 and "empty" in refused.stderr + refused.stdout
+    done = set_cluster_keys(cluster, KEYS)  # revokes the rotated key
+    assert done.returncode == 0, done.stderr
+    until_every_node(cluster, rotated, False)
+    assert all(accepted(node, "ak", "sk") for node in cluster.nodes)
+    cluster.wait_placed()

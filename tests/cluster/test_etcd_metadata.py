@@ -126,6 +126,31 @@ def test_a_change_is_read_at_once_by_its_writer_and_soon_by_another_node(
     print(f"a new logstore was seen by the other node after {delay_s * 1e6:.0f} µs")
 
 
+def test_a_record_made_elsewhere_is_found_before_this_nodes_watch_delivers_it(
+    nodes: tuple[EtcdMetadataStore, EtcdMetadataStore],
+) -> None:
+    """A miss is answered only from a cache as new as etcd: node b, whose watch runs late,
+    still finds the project, logstore, shard and group node a has just made (a group made
+    through one node, then a heartbeat forwarded to its coordinator on another)."""
+    a, b = nodes
+    real_apply = b._apply
+    loop = b._loop
+
+    def late_apply(kind: str, entry: Any) -> None:  # every event reaches b 0.5 s late
+        loop.call_later(0.5, real_apply, kind, entry)
+
+    b._apply = late_apply  # type: ignore[method-assign]
+    a.create_project("late")
+    a.create_logstore("late", LogstoreSpec("events", shard_count=1))
+    _, left, right = a.split_shard("late", "events", 0, 2**127, RecordingSealer())
+    a.consumer_groups("late", "events").create("late", "events", ConsumerGroupDef("g1", 30, True))
+    assert b.get_project("late").name == "late"
+    assert b.get_shard("late", "events", right.shard_id) == right
+    assert b.consumer_groups("late", "events").get("late", "events", "g1").ordered
+    with pytest.raises(ConsumerGroupNotExist):  # a true miss is still one
+        b.consumer_groups("late", "events").get("late", "events", "nobody")
+
+
 def test_deleted_logstores_are_remembered_for_every_node(
     nodes: tuple[EtcdMetadataStore, EtcdMetadataStore],
 ) -> None:

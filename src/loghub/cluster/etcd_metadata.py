@@ -87,6 +87,7 @@ from loghub.errors import (
     FencedError,
     LogHubError,
     LogStoreAlreadyExist,
+    NotFoundError,
     ParameterInvalid,
     ProjectAlreadyExist,
     ProjectNotExist,
@@ -245,7 +246,7 @@ class EtcdMetadataStore:
         return self._write(plan)
 
     def get_project(self, name: str) -> Project:
-        return self._project(name).value
+        return self._fresh(lambda: self._project(name).value)
 
     def list_projects(
         self, offset: int = 0, size: int = 500, name_contains: str = ""
@@ -315,7 +316,7 @@ class EtcdMetadataStore:
         return self._write(plan)
 
     def get_logstore(self, project: str, name: str) -> Logstore:
-        return self._entry(project, name).logstore
+        return self._fresh(lambda: self._entry(project, name).logstore)
 
     def list_logstores(
         self, project: str, offset: int = 0, size: int = 500, name_contains: str = ""
@@ -363,10 +364,10 @@ class EtcdMetadataStore:
     # -- shards -----------------------------------------------------------------------------
 
     def list_shards(self, project: str, logstore: str) -> list[Shard]:
-        return list(self._entry(project, logstore).shards)
+        return self._fresh(lambda: list(self._entry(project, logstore).shards))
 
     def get_shard(self, project: str, logstore: str, shard_id: int) -> Shard:
-        return self._entry(project, logstore).shard(shard_id)
+        return self._fresh(lambda: self._entry(project, logstore).shard(shard_id))
 
     def shard_for_key(self, project: str, logstore: str, key: int) -> Shard:
         """The read-write shard whose range holds ``key`` (see ``hashing.parse_hash_key``)."""
@@ -529,6 +530,25 @@ class EtcdMetadataStore:
         return _Change(compare, [Put(key, _encode(_logstore_value(entry)))], result)
 
     # -- reads of the cache -----------------------------------------------------------------
+
+    def _fresh(self, read: Callable[[], _T]) -> _T:
+        """``read`` of the cache; a "does not exist" answer is given only from a cache as new
+        as etcd. A record another node made a moment ago may not have reached this node's
+        watch yet (a group made through one node, then a heartbeat forwarded to its
+        coordinator; a shard split elsewhere, then asked for here): on a miss the cache
+        catches up with etcd's present (one linearizable read of its revision, no write)
+        and the read is made again. Only misses pay, and each pays one etcd read."""
+        try:
+            return read()
+        except NotFoundError:
+            if threading.current_thread() is self._thread:
+                raise  # on the store's own loop: it cannot wait for itself
+            self._call(self._catch_up())
+            return read()
+
+    async def _catch_up(self) -> None:
+        _entries, revision = await self._etcd.read_prefix(self._key("sync"))
+        await self._until_applied(revision)
 
     def _project(self, name: str) -> _Versioned[Project]:
         project = self._projects.get(name)
@@ -764,7 +784,7 @@ class EtcdConsumerGroupCatalog:
         store._write(plan)
 
     def get(self, project: str, logstore: str, name: str) -> ConsumerGroupDef:
-        return self._group(project, logstore, name).value
+        return self._store._fresh(lambda: self._group(project, logstore, name).value)
 
     def list_groups(self, project: str, logstore: str) -> list[ConsumerGroupDef]:
         return [

@@ -303,6 +303,7 @@ class LogHubApp:
                 self.service,
                 cluster.node_ttl_s,
                 self.config.keys,
+                key_grants=self.config.key_grants,
             )
             self.service.remote_logs = self._cluster
             routing = self._cluster

@@ -28,6 +28,7 @@ from starlette.responses import Response
 
 from loghub.cluster.etcd_store import EtcdStore, Fence
 from loghub.cluster.group_coordinators import GroupCoordinators, GroupKey
+from loghub.cluster.keys import watch_keys
 from loghub.cluster.membership import NodeInfo
 from loghub.cluster.node import LocalLogs, NodeAgent
 from loghub.coordination.placement import NodeSlot, group_coordinator
@@ -38,6 +39,7 @@ from loghub.errors import (
     ServerBusy,
     error_class_for_code,
 )
+from loghub.server.config import KeyGrant, KeyRing, parse_keys_document
 from loghub.wire.signing import Credentials, sign_v1
 
 __all__ = ["FORWARDED_HEADER", "ClusterRouting"]
@@ -73,9 +75,13 @@ class ClusterRouting:
         ttl_s: int,
         keys: Mapping[str, str] | None = None,
         forward_timeout_s: float = 60.0,
+        key_grants: Mapping[str, KeyGrant] | None = None,
     ) -> None:
-        # the key the node signs its own calls to other nodes with (a merge's remote seal)
-        self._credentials = Credentials(*next(iter(sorted(keys.items())))) if keys else None
+        # the node signs its own calls to other nodes (a merge's remote seal) with the first
+        # of the keys in force; in a cluster they follow etcd (``loghub.cluster.keys``)
+        self._keys = keys
+        self._key_grants = key_grants
+        self._keys_task: asyncio.Task[None] | None = None
         self._url = url
         self._info = info
         self._catalog = catalog
@@ -108,13 +114,38 @@ class ClusterRouting:
         )
         await self.coordinators.start()
         self._drain_task = asyncio.create_task(self._hand_over_groups_when_drained())
+        self._keys_task = asyncio.create_task(watch_keys(self.store, self._apply_keys))
         self._client = httpx.AsyncClient(
             timeout=self._forward_timeout_s,
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
             trust_env=False,
         )
 
+    @property
+    def _credentials(self) -> Credentials | None:
+        keys = self._keys
+        return Credentials(*min(keys.items())) if keys else None
+
+    def _apply_keys(self, document: dict[str, Any]) -> None:
+        """The cluster's keys changed in etcd: the node accepts the new ones from now on."""
+        if not isinstance(self._keys, KeyRing) or not isinstance(self._key_grants, KeyRing):
+            return
+        entries = parse_keys_document(document, "the cluster's keys in etcd")
+        if not entries:
+            log.error("the cluster's keys in etcd are empty; the keys in force are kept")
+            return
+        keys = {key_id: secret for key_id, (secret, _) in entries.items()}
+        if keys == dict(self._keys):
+            grants = {k: grant for k, (_, grant) in entries.items() if grant is not None}
+            if grants == dict(self._key_grants):
+                return
+        self._key_grants.replace({k: g for k, (_, g) in entries.items() if g is not None})
+        self._keys.replace(keys)
+        log.info("the cluster's access keys changed: %d keys in force", len(keys))
+
     async def stop(self) -> None:
+        if self._keys_task is not None:
+            self._keys_task.cancel()
         if self._client is not None:
             await self._client.aclose()
         if self._drain_task is not None:

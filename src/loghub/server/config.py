@@ -11,10 +11,10 @@ import json
 import os
 import tomllib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from loghub.errors import ParameterInvalid
 from loghub.server.quotas import ShardQuota
@@ -22,13 +22,18 @@ from loghub.server.quotas import ShardQuota
 __all__ = [
     "ClusterConfig",
     "KeyGrant",
+    "KeyRing",
     "Limits",
     "ServerConfig",
     "is_loopback_host",
+    "keys_document",
     "load_config_file",
     "load_key_grants",
     "load_keys",
+    "parse_keys_document",
 ]
+
+_V = TypeVar("_V")
 
 KEYS_ENV_ID = "LOGHUB_ACCESS_KEY_ID"
 KEYS_ENV_SECRET = "LOGHUB_ACCESS_KEY_SECRET"
@@ -275,26 +280,70 @@ def _read_keys_file(keys_file: Path) -> dict[str, tuple[str, KeyGrant | None]]:
     except (OSError, ValueError) as exc:
         # the parser's message gives a position, never the file's text
         raise ParameterInvalid(f"cannot read keys file {keys_file}: {exc}") from exc
+    return parse_keys_document(loaded, f"keys file {keys_file}")
+
+
+def parse_keys_document(loaded: object, where: str) -> dict[str, tuple[str, KeyGrant | None]]:
+    """The keys of a keys document (the JSON of a keys file, or of a cluster's keys in
+    etcd): key id -> (secret, grant or None). ``where`` names it in error messages."""
     if not isinstance(loaded, dict):
-        raise ParameterInvalid(f"keys file {keys_file} must be a JSON object of key id: secret")
+        raise ParameterInvalid(f"{where} must be a JSON object of key id: secret")
     entries: dict[str, tuple[str, KeyGrant | None]] = {}
     for key_id, entry in loaded.items():
         if not key_id:
-            raise ParameterInvalid(f"keys file {keys_file}: a key id is empty")
+            raise ParameterInvalid(f"{where}: a key id is empty")
         if isinstance(entry, str) and entry:
             entries[key_id] = (entry, None)
         elif isinstance(entry, dict):
-            entries[key_id] = _read_key_entry(keys_file, key_id, entry)
+            entries[key_id] = _read_key_entry(where, key_id, entry)
         else:
             raise ParameterInvalid(
-                f"keys file {keys_file}: key {key_id!r} must map to a non-empty secret or to"
+                f"{where}: key {key_id!r} must map to a non-empty secret or to"
                 ' {"secret", "projects", "access"}'
             )
     return entries
 
 
-def _read_key_entry(keys_file: Path, key_id: str, entry: dict[str, object]) -> tuple[str, KeyGrant]:
-    where = f"keys file {keys_file}: key {key_id!r}"
+def keys_document(
+    keys: Mapping[str, str], grants: Mapping[str, KeyGrant]
+) -> dict[str, str | dict[str, object]]:
+    """The keys document of ``keys`` and their ``grants`` (``parse_keys_document``'s
+    inverse): what a cluster node offers etcd as the cluster's keys."""
+    document: dict[str, str | dict[str, object]] = {}
+    for key_id, secret in sorted(keys.items()):
+        grant = grants.get(key_id)
+        if grant is None:
+            document[key_id] = secret
+        else:
+            document[key_id] = {
+                "secret": secret, "projects": sorted(grant.projects), "access": grant.access
+            }  # fmt: skip
+    return document
+
+
+class KeyRing(Mapping[str, _V]):
+    """A mapping whose content is replaced whole while the server runs: the access keys
+    (and grants) of a cluster node, which follow the cluster's keys in etcd. Readers see
+    the old content or the new one, never a mix (one attribute swap)."""
+
+    def __init__(self, content: Mapping[str, _V]) -> None:
+        self._content = dict(content)
+
+    def replace(self, content: Mapping[str, _V]) -> None:
+        self._content = dict(content)
+
+    def __getitem__(self, key: str) -> _V:
+        return self._content[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._content)
+
+    def __len__(self) -> int:
+        return len(self._content)
+
+
+def _read_key_entry(document: str, key_id: str, entry: dict[str, object]) -> tuple[str, KeyGrant]:
+    where = f"{document}: key {key_id!r}"
     unknown = set(entry) - {"secret", "projects", "access"}
     if unknown:
         raise ParameterInvalid(f"{where} has unknown fields {sorted(unknown)}")

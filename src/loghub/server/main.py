@@ -9,6 +9,7 @@ to it gets no HTTP answer (the TLS handshake fails and the connection is closed)
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import math
@@ -21,7 +22,13 @@ import uvicorn
 
 from loghub.errors import DatabaseError, ParameterInvalid
 from loghub.server.app import LogHubApp, build_app
-from loghub.server.config import ServerConfig, is_loopback_host
+from loghub.server.config import (
+    KeyRing,
+    ServerConfig,
+    is_loopback_host,
+    keys_document,
+    parse_keys_document,
+)
 from loghub.server.http_protocol import bounded_protocol
 from loghub.server.memory import return_large_buffers_to_os
 from loghub.server.service import LogHubService
@@ -35,6 +42,7 @@ __all__ = [
     "serve",
     "uvicorn_config",
     "uvicorn_server",
+    "with_cluster_keys",
 ]
 
 log = logging.getLogger("loghub.server")
@@ -60,6 +68,33 @@ def check_tls(config: ServerConfig) -> None:
             raise ParameterInvalid(f"TLS file {path} does not exist or is not a file")
 
 
+def with_cluster_keys(config: ServerConfig) -> ServerConfig:
+    """``config`` with the cluster's access keys (``loghub.cluster.keys``) in place of the
+    node's own, as live rings that ``ClusterRouting`` keeps following etcd; unchanged outside
+    a cluster. Read before the server binds, so the loopback-or-keys rule applies to the
+    keys that will be in force."""
+    if config.cluster is None:
+        return config
+    import asyncio
+
+    from loghub.cluster.etcd_store import EtcdStore
+    from loghub.cluster.keys import resolve_keys
+
+    offered = keys_document(config.keys, config.key_grants) if config.keys else None
+
+    async def resolve() -> dict[str, Any]:
+        assert config.cluster is not None
+        async with EtcdStore(config.cluster.url) as store:
+            return await resolve_keys(store, offered)
+
+    entries = parse_keys_document(asyncio.run(resolve()), "the cluster's keys in etcd")
+    return dataclasses.replace(
+        config,
+        keys=KeyRing({key_id: secret for key_id, (secret, _) in entries.items()}),
+        key_grants=KeyRing({k: grant for k, (_, grant) in entries.items() if grant is not None}),
+    )
+
+
 def serve(config: ServerConfig, front_ends: Sequence[FrontEnd] = ()) -> None:
     """Runs until SIGINT or SIGTERM; then stops accepting, finishes requests and closes.
     Each of ``front_ends`` (the Kafka listener) is started with the service once it is
@@ -67,9 +102,10 @@ def serve(config: ServerConfig, front_ends: Sequence[FrontEnd] = ()) -> None:
 
     The HTTP protocol is uvicorn's httptools one with LogHub's header, body and idle
     timeouts and its connection cap (``http_protocol.py``)."""
-    check_bind(config)
     check_tls(config)
     check_kafka(config)
+    config = with_cluster_keys(config)  # after the checks that need no etcd
+    check_bind(config)
     listener = bind_listener(config.host, config.port)
     return_large_buffers_to_os()
     try:
