@@ -80,7 +80,8 @@ def _run(scenario: Scenario, limits: Limits | None = None, direct: bool = True) 
         config.load()
         state = ServerState()
         # what uvicorn's server loop keeps there (it is not running here)
-        state.default_headers = [(b"date", b"Wed, 25 Nov 2026 09:00:00 GMT"), (b"server", b"uvicorn")]
+        date = b"Wed, 25 Nov 2026 09:00:00 GMT"
+        state.default_headers = [(b"date", date), (b"server", b"uvicorn")]
         protocol_class = bounded_protocol(limits or Limits(), ways.handler if direct else None)
 
         def make() -> asyncio.Protocol:

@@ -98,6 +98,9 @@ _JSON = "application/json"
 # a client may send any first segment or selector, so the cache is bounded)
 _API_LABELS_CACHED_MAX = 1024
 _PROTOBUF = "application/x-protobuf"
+# Host header values whose project is remembered (see ``LogHubApp._project_from_host``)
+_HOSTS_CACHED_MAX = 1024
+_UNKNOWN_HOST = ""  # a project is never empty: marks a Host not seen yet
 
 
 def project_from_host(host: str, base_hosts: tuple[str, ...]) -> str | None:
@@ -129,6 +132,8 @@ def _headers(scope: Scope) -> dict[str, str]:
 
 
 def _query(raw_query: bytes) -> dict[str, str]:
+    if not raw_query:
+        return {}
     pairs = parse_qsl(raw_query.decode("latin-1"), keep_blank_values=True)
     query = dict(pairs)
     if len(query) != len(pairs):
@@ -285,6 +290,7 @@ class LogHubApp:
         self._body_budget = BodyBudget(limits.inflight_body_bytes_max, limits.inflight_wait_s)
         self._api_labels: dict[tuple[str, int, bool, str, str], str] = {}
         self._routed: dict[tuple[str, str], _Routed] = {}
+        self._host_projects: dict[str, str | None] = {}
         # Request ids: 24 hex digits as before, a random half per process and a counter,
         # instead of os.urandom per request (a system call that also lets other threads
         # take the GIL from the event loop).
@@ -357,9 +363,9 @@ class LogHubApp:
         started = time.perf_counter()
         try:
             headers = header_map(
-                (name.decode("latin-1"), value.decode("latin-1")) for name, value in raw_headers
+                [(name.decode("latin-1"), value.decode("latin-1")) for name, value in raw_headers]
             )
-            project = project_from_host(headers.get("host", ""), self.config.base_hosts)
+            project = self._project_from_host(headers.get("host", ""))
             call = _Call(None, method, path, query_string, request_id, headers, project)
             call.body = body
             async with self._body_budget.room(self._body_room_bytes(headers)):
@@ -370,6 +376,17 @@ class LogHubApp:
             response = self._failure(exc, method, path, request_id)
         self._count(method, path, query_string, response.status_code, time.perf_counter() - started)
         return response
+
+    def _project_from_host(self, host: str) -> str | None:
+        """``project_from_host``, remembered per Host value: a client sends the same one on
+        every request. Hosts are the clients' to choose, so the table is bounded."""
+        found = self._host_projects.get(host, _UNKNOWN_HOST)
+        if found is _UNKNOWN_HOST:
+            found = project_from_host(host, self.config.base_hosts)
+            if len(self._host_projects) >= _HOSTS_CACHED_MAX:
+                self._host_projects.clear()
+            self._host_projects[host] = found
+        return found
 
     def _failure(self, exc: Exception, method: str, path: str, request_id: str) -> Response:
         """The answer to a request that raised: its LogHub error, or 500 without the
@@ -539,7 +556,7 @@ class LogHubApp:
             return Response(exposition, media_type=METRICS_CONTENT_TYPE)
         if is_console_path(scope["path"]):
             return await self._console.handle(request, headers, request_id)
-        project = project_from_host(headers.get("host", ""), self.config.base_hosts)
+        project = self._project_from_host(headers.get("host", ""))
         call = _Call(
             request,
             request.method,

@@ -42,7 +42,6 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 
-import httptools
 from starlette.responses import Response
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -60,9 +59,12 @@ DirectHandler = Callable[[str, str, bytes, list[tuple[bytes, bytes]], bytes], Aw
 # application asks for it (its read buffer's high-water mark), so reading it before admission
 # holds no more memory than the ASGI way does.
 direct_body_bytes_max = HIGH_WATER_LIMIT
-# The shard requests' path; printable ASCII without '%' (nothing to unquote) or '/'.
-_DIRECT_PATH = re.compile(rb"/logstores/[!-$&-.0-~]+/shards/[!-$&-.0-~]+")
+# The shard requests' path, each name printable ASCII without '%' (nothing to unquote), '#'
+# (a fragment) or '/'.
+_DIRECT_PATH = re.compile(rb"/logstores/[!\x22$&-.0-~]+/shards/[!\x22$&-.0-~]+")
 _DIRECT_METHODS = frozenset((b"GET", b"POST"))
+# uvicorn's default headers, rendered: id of the list -> (the list, its bytes)
+_rendered_defaults: dict[int, tuple[list[tuple[bytes, bytes]], bytes]] = {}
 # A response body of up to this many bytes is joined to its head (one write); a larger one
 # is written after it rather than copied.
 _JOINED_BODY_BYTES_MAX = 16 * 1024
@@ -139,6 +141,8 @@ class _BoundedProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._phase = _Phase.HEAD
         self._deadline: asyncio.TimerHandle | None = None
+        self._deadline_fires_at = 0.0  # loop time at which _deadline fires
+        self._due_at: float | None = None  # loop time at which the phase ends; None: no end
         super().connection_made(transport)
         if len(self.connections) > self.limits.connections_max:
             log.warning("refused a connection: %d are open", len(self.connections) - 1)
@@ -148,7 +152,10 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._arm(_Phase.HEAD)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel()
+        self._due_at = None
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -197,6 +204,28 @@ class _BoundedProtocol(HttpToolsProtocol):
         if self._phase is _Phase.APP:
             self._arm(_Phase.IDLE)
 
+    def _default_headers(self) -> bytes:
+        """uvicorn's headers for every response (date, server) as bytes, rendered again
+        only when uvicorn replaces them (once a second, for the date)."""
+        headers = self.server_state.default_headers
+        rendered = _rendered_defaults.get(id(headers))
+        if rendered is None or rendered[0] is not headers:
+            _rendered_defaults.clear()
+            text = b"".join(b"%s: %s\r\n" % (name, value) for name, value in headers)
+            rendered = _rendered_defaults[id(headers)] = (headers, text)
+        return rendered[1]
+
+    def _direct_response_complete(self) -> None:
+        """After a direct response on a kept-alive connection: what uvicorn's
+        ``on_response_complete`` does, less its own keep-alive timer (the idle phase
+        below is that timer) and the read resumption (the direct way never pauses)."""
+        if self.pipeline:
+            self.on_response_complete()  # start the request queued behind this one
+            return
+        self.server_state.total_requests += 1
+        if self._phase is _Phase.APP:
+            self._arm(_Phase.IDLE)
+
     def _begin_direct(self) -> bool:
         """Starts a direct request when this one may take that way (see the module's
         docstring); False leaves it to uvicorn."""
@@ -212,8 +241,10 @@ class _BoundedProtocol(HttpToolsProtocol):
             or parser.should_upgrade()
         ):
             return False
-        url = httptools.parse_url(self.url)
-        if _DIRECT_PATH.fullmatch(url.path) is None:
+        # origin-form only (the regular expression refuses anything else); a fragment, which
+        # parse_url would cut, sends the request the ASGI way
+        path, _, query = self.url.partition(b"?")
+        if _DIRECT_PATH.fullmatch(path) is None or b"#" in query:
             return False
         length = -1
         for name, value in self.headers:
@@ -227,8 +258,8 @@ class _BoundedProtocol(HttpToolsProtocol):
             return False
         self.cycle = _DirectCycle(  # type: ignore[assignment]
             method.decode("ascii"),
-            url.path.decode("ascii"),
-            url.query or b"",
+            path.decode("ascii"),
+            query,
             self.headers,
             parser.should_keep_alive(),
         )
@@ -255,8 +286,8 @@ class _BoundedProtocol(HttpToolsProtocol):
             return
         if self.flow.write_paused:
             await self.flow.drain()  # the client has not read earlier responses yet
-        head = [STATUS_LINE[response.status_code]]
-        for name, value in (*self.server_state.default_headers, *response.raw_headers):
+        head = [STATUS_LINE[response.status_code], self._default_headers()]
+        for name, value in response.raw_headers:
             head += (name, b": ", value, b"\r\n")
         if not cycle.keep_alive:
             head.append(b"connection: close\r\n")
@@ -271,25 +302,44 @@ class _BoundedProtocol(HttpToolsProtocol):
         cycle.response_complete = True
         if not cycle.keep_alive:
             transport.close()
-        self.on_response_complete()
+            self.on_response_complete()
+            return
+        self._direct_response_complete()
 
     def _arm(self, phase: _Phase) -> None:
-        self._cancel()
+        """Enters a phase with a deadline. The connection's one timer is moved only when
+        the new deadline comes before it fires; a later deadline is just written down, and
+        the timer, when it fires early, sets itself for it. A request passes through three
+        phases with deadlines, so this saves a timer made and cancelled in each of them."""
         self._phase = phase
-        delay_s = {
-            _Phase.HEAD: self.limits.header_timeout_s,
-            _Phase.BODY: self.limits.body_timeout_s,
-            _Phase.IDLE: self.limits.idle_timeout_s,
-        }[phase]
-        self._deadline = self.loop.call_later(delay_s, self._deadline_passed)
+        if phase is _Phase.HEAD:
+            delay_s = self.limits.header_timeout_s
+        elif phase is _Phase.BODY:
+            delay_s = self.limits.body_timeout_s
+        else:
+            delay_s = self.limits.idle_timeout_s
+        due_at = self.loop.time() + delay_s
+        self._due_at = due_at
+        deadline = self._deadline
+        if deadline is None or due_at < self._deadline_fires_at:
+            if deadline is not None:
+                deadline.cancel()
+            self._deadline = self.loop.call_at(due_at, self._deadline_passed)
+            self._deadline_fires_at = due_at
 
     def _cancel(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        """Ends the phase's deadline (the timer, if set, fires and finds none)."""
+        self._due_at = None
 
     def _deadline_passed(self) -> None:
         self._deadline = None
+        due_at = self._due_at
+        if due_at is None:
+            return  # the server is working on a request: no deadline until it answers
+        if self.loop.time() < due_at:  # the phase changed since the timer was set
+            self._deadline = self.loop.call_at(due_at, self._deadline_passed)
+            self._deadline_fires_at = due_at
+            return
         if self._phase is _Phase.BODY and self.flow.read_paused:
             self._arm(_Phase.BODY)  # the server stopped reading, not the client sending
             return
