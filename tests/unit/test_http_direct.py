@@ -51,6 +51,9 @@ class _Ways:
         if self.direct_gate is not None:
             await self.direct_gate.wait()
         self.direct_done += 1
+        if body.startswith(b"big:"):  # a large reply: b"big:<n>" asks for n bytes of its tag
+            _, tag, size = body.split(b":")
+            return Response(tag * int(size), headers={"x-log-requestid": "R1"})
         return Response(b"direct:" + body, headers={"x-log-requestid": "R1"})
 
     async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -311,3 +314,27 @@ def test_a_client_that_leaves_mid_request_does_not_stop_the_server() -> None:
         assert (status, body) == (200, b"direct:next")
 
     _run(scenario)
+
+
+def test_large_replies_to_a_client_that_does_not_read_wait_and_arrive_whole_in_order() -> None:
+    """A reply that finds the connection's write buffer full waits for the client to read
+    (uvicorn's flow control) rather than piling up in memory; requests that arrive meanwhile
+    queue behind it (the ASGI way's pipelining), and every reply arrives whole, in order."""
+
+    async def scenario(ways: _Ways, port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        tags = [b"a", b"b", b"c", b"d", b"e", b"f"]  # 24 MB: more than the kernel buffers
+        for tag in tags:  # one after the other, nothing read yet
+            asked = b"big:" + tag + b":4000000"
+            writer.write(_request("GET", "/logstores/ls/shards/0", asked))
+            await asyncio.sleep(0.1)
+        for tag in tags:
+            status, _, body = await _reply(reader)
+            assert status == 200
+            asked = b"big:" + tag + b":4000000"
+            assert body in (tag * 4_000_000, b"asgi:" + asked[:16])
+        await _close(writer)
+
+    ways = _run(scenario)
+    assert len(ways.direct) >= 2  # the second found the buffer full and waited
+    assert len(ways.direct) + len(ways.asgi) == 6

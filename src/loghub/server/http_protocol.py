@@ -281,11 +281,11 @@ class _BoundedProtocol(HttpToolsProtocol):
             cycle.response_complete = True
             transport.close()
             raise
+        if self.flow.write_paused and not transport.is_closing():
+            await self.flow.drain()  # the client has not read earlier responses yet
         if transport.is_closing():
             cycle.response_complete = True
             return
-        if self.flow.write_paused:
-            await self.flow.drain()  # the client has not read earlier responses yet
         head = [STATUS_LINE[response.status_code], self._default_headers()]
         for name, value in response.raw_headers:
             head += (name, b": ", value, b"\r\n")
