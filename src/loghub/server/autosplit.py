@@ -35,8 +35,11 @@ class AutoSplitMonitor:
         self._last_check_ms: int | None = None
 
     def record(self, project: str, logstore: str, shard_id: int, size_bytes: int) -> None:
+        key = (project, logstore, shard_id)
         with self._lock:
-            rate = self._rates.setdefault((project, logstore, shard_id), _Rate())
+            rate = self._rates.get(key)
+            if rate is None:  # not setdefault: a _Rate made on every write costs the write
+                rate = self._rates[key] = _Rate()
             rate.bytes_since_check += size_bytes
 
     def due(self, now_ms: int) -> list[ShardKey]:

@@ -179,7 +179,10 @@ def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
         host=config.host,
         port=config.port,
         loop="uvloop",
-        http=bounded_protocol(config.limits),
+        http=bounded_protocol(
+            config.limits,
+            app.handle_direct if isinstance(app, LogHubApp) and app.direct_enabled else None,
+        ),
         lifespan="on",
         access_log=False,
         # LogHub reads no client address; the middleware would cost every request a layer

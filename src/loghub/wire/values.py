@@ -61,6 +61,8 @@ def parse_decimal(
     formats a float writes it (``"10.0"``): zeros only, or any digits when ``round_up``
     (rounded up). Without it (headers, where no client writes one) ``"1.0"`` is refused.
     """
+    if text.isdigit() and text.isascii() and len(text) <= digits_max:
+        return int(text)  # the usual case, what the checks below would accept as is
     stripped = text.strip(" \t")
     digits_fraction = "0"
     if fraction and (split := _ASCII_DECIMAL_FRACTION.fullmatch(stripped)) is not None:
