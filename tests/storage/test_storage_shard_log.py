@@ -22,6 +22,7 @@ from loghub.errors import (
     StorageError,
 )
 from loghub.storage import ShardLog, StorageConfig
+from loghub.storage._gather import gather_python
 from loghub.storage.segment import HEADER_BYTES, segment_base_sequences
 
 
@@ -444,3 +445,30 @@ def test_a_planned_read_survives_retention_and_descriptor_eviction(open_log: Ope
     with log._lock:
         for planned, _plan in plans:
             log._unpin(planned)
+
+
+@pytest.mark.parametrize("walk", ["compiled", "python"])
+def test_reads_into_one_reused_buffer_return_the_bytes_of_fresh_reads(
+    open_log: OpenLog, walk: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if walk == "python":  # the fallback where no C compiler was found
+        monkeypatch.setattr(loghub.storage.segment, "gather", gather_python)
+    # small records past the first chunk a read takes (256 KiB), one record larger than the
+    # chunk, and reads that start between offset index entries: the walk asks for room and
+    # goes on, and the reused buffer's old bytes never leak into a later read
+    config = StorageConfig(fsync_policy="interval", index_interval_bytes=4096)
+    log = open_log(config)
+    sizes = [200] * 2000 + [600_000] + [150] * 1500
+    for index, size in enumerate(sizes):
+        log.append(payload(index, size), 1_000)
+    buffer = bytearray()
+    for start, count, bytes_max in ((0, 1000, 16 << 20), (7, 3, 500), (1990, 1000, 16 << 20),
+                                    (1995, 1000, 100_000), (2000, 2, 1000), (2001, 1000, 1 << 20),
+                                    (3000, 1000, 16 << 20)):  # fmt: skip
+        expected = log.read(start, count, bytes_max)
+        read = log.read_into(buffer, start, count, bytes_max)
+        assert (read.count, read.next_seq) == (expected.count, expected.next_seq)
+        assert bytes(buffer[: read.size_bytes]) == expected.data
+        assert expected.data == b"".join(
+            payload(index, sizes[index]) for index in range(start, expected.next_seq)
+        )
