@@ -472,3 +472,23 @@ def test_reads_into_one_reused_buffer_return_the_bytes_of_fresh_reads(
         assert expected.data == b"".join(
             payload(index, sizes[index]) for index in range(start, expected.next_seq)
         )
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("walk", ["compiled", "python"])
+def test_a_first_record_far_over_the_byte_limit_ends_the_read_after_it(
+    open_log: OpenLog, walk: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a raw read's first record fits the first chunk but passes bytes_max by more than the
+    # room kept for headers: the walk must still get room for the next header (it asked for
+    # none, and waited for it forever)
+    if walk == "python":
+        monkeypatch.setattr(loghub.storage.segment, "gather", gather_python)
+    log = open_log(StorageConfig(fsync_policy="interval"))
+    first = payload(0, 30_810)
+    log.append(first, 1_000)
+    log.append(payload(1, 50), 1_000)
+
+    records = log.read_raw(0, 100)
+
+    assert records[HEADER_BYTES:] == first

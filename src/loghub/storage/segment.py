@@ -684,7 +684,8 @@ class Segment:
             guess = skip_bytes + _READ_FIRST_BYTES
             if count:
                 guess = skip_bytes + (left * (taken // count + HEADER_BYTES)) * 5 // 4
-            room = min(plan.limit_position - position, max(min(allowed, guess), need))
+            # at least a header: after a first record over bytes_max, ``allowed`` can be tiny
+            room = min(plan.limit_position - position, max(min(allowed, guess), need, HEADER_BYTES))
             if len(out) < out_end + room:
                 out.extend(bytes(out_end + room - len(out)))
             status, stop, sequence, new_end, records, taken_now, loaded_end = gather(
