@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py src/loghub/client/_encode.c src/loghub/wire/_logcheck.c \
-		src/loghub/spark/_scan.c
+		src/loghub/storage/_gather_c.c src/loghub/spark/_scan.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'

@@ -8,7 +8,9 @@ storage. The benchmark keeps the PID it started and stops exactly that process.
 
 The clients are the ones a Python user of each system would use, each given its best chance:
 Redis gets pipelined ``XADD`` commands encoded before the timed part (as LogHub's producers
-send bodies built before it) and redis-py's reader (with ``hiredis`` when installed); NATS gets
+send bodies built before it); its XRANGE replies are counted off the socket in C, not
+decoded (LogHub's readers do not decode theirs either), and XREADGROUP goes through redis-py's
+reader (with ``hiredis`` when installed); NATS gets
 ``nats-py`` publishing a whole batch with ``publish_async`` before awaiting the acks. A log is
 the same JSON entry for both (``_common.log_json``), made from the very logs LogHub is sent.
 Producers and readers are separate processes, as many as LogHub's, each timed on the same
@@ -508,10 +510,53 @@ def nats_ingest(server: NatsServer, batches: list[PeerBatch], producers: int, st
 # --- catch-up readers ---------------------------------------------------------------------
 
 
+_ENTRY_FIELD = b"*2\r\n$3\r\nlog\r\n$"  # what precedes each entry's value (no JSON holds CR LF)
+
+
+def read_resp_xrange(sock: socket.socket, buffer: bytearray) -> tuple[int, bytes]:
+    """Reads one XRANGE reply of entries with the one field ``log``; returns (entries, last
+    id). Counts the entries' field markers with ``bytes.count`` (in C) instead of walking the
+    reply in Python, so that the reader costs about what LogHub's (lz4 plus headers) does."""
+    while b"\r\n" not in buffer:
+        buffer.extend(sock.recv(1 << 20) or b"")
+    header_end = buffer.index(b"\r\n")
+    if buffer[:1] != b"*":
+        raise RuntimeError(f"XRANGE answered {bytes(buffer[:200])!r}")
+    count = int(buffer[1:header_end])
+    if count == 0:
+        del buffer[: header_end + 2]
+        return 0, b""
+    seen, scanned = 0, header_end
+    while True:
+        seen += buffer.count(_ENTRY_FIELD, max(header_end, scanned - len(_ENTRY_FIELD) + 1))
+        scanned = len(buffer)
+        if seen == count:
+            last = buffer.rfind(_ENTRY_FIELD)
+            length_end = buffer.find(b"\r\n", last + len(_ENTRY_FIELD))
+            if length_end > 0:
+                value_length = int(buffer[last + len(_ENTRY_FIELD) : length_end])
+                reply_end = length_end + 2 + value_length + 2
+                if len(buffer) >= reply_end:
+                    id_start = buffer.rfind(b"\r\n", 0, last - 2) + 2
+                    last_id = bytes(buffer[id_start : last - 2])
+                    del buffer[:reply_end]
+                    return count, last_id
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionError("redis closed the connection")
+        buffer.extend(chunk)
+
+
 def _redis_reader(port: int, key: bytes, mode: str, group: bytes, count: int, start_at: float,
                   out: Any) -> None:  # fmt: skip
     """Reads a stream from its first entry to its last, ``count`` entries a command:
-    ``XRANGE`` from the last ID seen, or ``XREADGROUP ... >`` of a new group."""
+    ``XRANGE`` from the last ID seen, or ``XREADGROUP ... >`` of a new group. XRANGE replies
+    are read off the socket and their entries counted in C (``read_resp_xrange``), as
+    LogHub's readers only decompress their replies: neither side decodes entries in Python.
+    XREADGROUP goes through redis-py (and hiredis), which builds every entry's objects."""
+    if mode == "xrange":
+        _redis_xrange_reader(port, key, count, start_at, out)
+        return
     import redis
 
     conn = redis.Connection(host="127.0.0.1", port=port, socket_timeout=120)
@@ -549,6 +594,30 @@ def _redis_reader(port: int, key: bytes, mode: str, group: bytes, count: int, st
         error, elapsed = repr(exc)[:300], 0.0
     finally:
         conn.disconnect()
+    out.put((entries, elapsed, error))
+
+
+def _redis_xrange_reader(port: int, key: bytes, count: int, start_at: float, out: Any) -> None:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+    buffer = bytearray()
+    entries = 0
+    error = ""
+    try:
+        time.sleep(max(0.0, start_at - time.monotonic()))
+        started = time.monotonic()
+        last = b"-"
+        while True:
+            sock.sendall(resp_command(b"XRANGE", key, last, b"+", b"COUNT", b"%d" % count))
+            found, last_id = read_resp_xrange(sock, buffer)
+            if not found:
+                break
+            entries += found
+            last = b"(" + last_id
+        elapsed = time.monotonic() - started
+    except Exception as exc:  # reported by the parent
+        error, elapsed = repr(exc)[:300], 0.0
+    finally:
+        sock.close()
     out.put((entries, elapsed, error))
 
 

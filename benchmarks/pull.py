@@ -17,6 +17,13 @@ client is slow, and with a lean client of the protocol). Ratios are of median pa
                                         [--compress lz4,none] [--passes 3] [--parse]
                                         [--peers redis,nats,nats-wire] [--smoke]
 
+What each reader does with a reply, so that the clients cost about the same per log and
+neither is the limit: a LogHub reader decompresses it (lz4) and counts groups from the
+headers, without parsing the protobuf (``--parse`` adds that); a Redis ``XRANGE`` reader
+reads the RESP reply off its socket and counts the entries with ``bytes.count``, without
+decoding them; ``XREADGROUP`` goes through redis-py with hiredis, which builds Python objects
+for every entry (so it is the slower of the two Redis figures, partly on the client).
+
 The data just written is in the page cache, so this measures the servers, not the disk.
 Prints figures and saves them to benchmarks/results/pull.json; asserts nothing about them.
 """

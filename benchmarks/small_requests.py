@@ -8,7 +8,10 @@ Redis Streams: a pipeline of as many ``XADD`` (one JSON entry per log) per round
 ``appendfsync always`` (an fsync before every reply: LogHub's durability) and in memory.
 Then a catch-up pull of what the 16-log × 32-connection case wrote: LogHub PullLogs
 (count=1000 groups, lz4, decompressed by the reader) against Redis ``XRANGE`` of the same
-entries (the same number of logs per call), one reader process per shard / stream.
+entries (the same number of logs per call), one reader process per shard / stream, both
+sides ``--pull-passes`` times in turn. Readers connect first and start together; each times
+itself from the common start, so process start-up is not in the figure (with a few seconds'
+data, it once made the ratio swing from 0.5x to 3x between runs).
 
 Clients write pre-built bytes to raw sockets and read the replies with as little Python as
 they can, on both sides, so that on a small machine the clients take as little CPU from
@@ -17,6 +20,7 @@ the server's PID from /proc over the measured window), fsyncs/s (the server's
 ``loghub_fsync_seconds_count``) and ratios; saves ``results/small_requests.json``.
 
     .venv/bin/python benchmarks/small_requests.py [--seconds 5] [--runs 1] [--shards 4]
+                                                  [--pull-passes 3] [--pull-case-only]
                                                   [--smoke] [--data-dir /tmp]
 
 Prints figures; asserts nothing about them.
@@ -59,7 +63,7 @@ from _common import (  # noqa: E402
     request,
     run_producers,
 )
-from _peers import RedisServer  # noqa: E402
+from _peers import RedisServer, read_resp_xrange  # noqa: E402
 from _results import Reference, Row, save  # noqa: E402
 
 from loghub.wire.logs import parse_log_group  # noqa: E402
@@ -212,10 +216,13 @@ class PullResult:
     logs: int = 0
     calls: int = 0
     latencies_s: list[float] = field(default_factory=list)
+    elapsed_s: float = 0.0  # from the common start to this reader's last reply
     error: str = ""
 
 
-def _loghub_reader(port: int, logstore: str, shard: int, logs_per_group: int, out: Any) -> None:
+def _loghub_reader(
+    port: int, logstore: str, shard: int, logs_per_group: int, start_at: float, out: Any
+) -> None:
     result = PullResult()
     sock = socket.create_connection(("127.0.0.1", port), timeout=120)
     buffer = bytearray()
@@ -228,6 +235,7 @@ def _loghub_reader(port: int, logstore: str, shard: int, logs_per_group: int, ou
         sock.sendall(f"GET {base}?type=cursor&from=end HTTP/1.1\r\n{host}\r\n".encode())
         _, _, body = _recv_http_response(sock, buffer)
         end = json.loads(body)["cursor"]
+        time.sleep(max(0.0, start_at - time.monotonic()))
         while cursor != end:
             started = time.monotonic()
             sock.sendall(
@@ -244,6 +252,7 @@ def _loghub_reader(port: int, logstore: str, shard: int, logs_per_group: int, ou
             result.calls += 1
             result.latencies_s.append(time.monotonic() - started)
             cursor = headers[b"x-log-cursor"].decode()
+        result.elapsed_s = time.monotonic() - start_at
     except Exception as exc:  # reported by the parent
         result.error = repr(exc)
     finally:
@@ -251,44 +260,9 @@ def _loghub_reader(port: int, logstore: str, shard: int, logs_per_group: int, ou
         out.put(result)
 
 
-_ENTRY_FIELD = b"*2\r\n$3\r\nlog\r\n$"  # what precedes each entry's value (no JSON holds CR LF)
-
-
-def _read_resp_xrange(sock: socket.socket, buffer: bytearray) -> tuple[int, bytes]:
-    """Reads one XRANGE reply of entries with the one field ``log``; returns (entries, last
-    id). Counts the entries' field markers with ``bytes.count`` (in C) instead of walking the
-    reply in Python, so that the reader costs about what LogHub's (lz4 plus headers) does."""
-    while b"\r\n" not in buffer:
-        buffer.extend(sock.recv(1 << 20) or b"")
-    header_end = buffer.index(b"\r\n")
-    if buffer[:1] != b"*":
-        raise RuntimeError(f"XRANGE answered {bytes(buffer[:200])!r}")
-    count = int(buffer[1:header_end])
-    if count == 0:
-        del buffer[: header_end + 2]
-        return 0, b""
-    seen, scanned = 0, header_end
-    while True:
-        seen += buffer.count(_ENTRY_FIELD, max(header_end, scanned - len(_ENTRY_FIELD) + 1))
-        scanned = len(buffer)
-        if seen == count:
-            last = buffer.rfind(_ENTRY_FIELD)
-            length_end = buffer.find(b"\r\n", last + len(_ENTRY_FIELD))
-            if length_end > 0:
-                value_length = int(buffer[last + len(_ENTRY_FIELD) : length_end])
-                reply_end = length_end + 2 + value_length + 2
-                if len(buffer) >= reply_end:
-                    id_start = buffer.rfind(b"\r\n", 0, last - 2) + 2
-                    last_id = bytes(buffer[id_start : last - 2])
-                    del buffer[:reply_end]
-                    return count, last_id
-        chunk = sock.recv(1 << 20)
-        if not chunk:
-            raise ConnectionError("redis closed the connection")
-        buffer.extend(chunk)
-
-
-def _redis_reader(port: int, stream: str, logs_per_call: int, logs_max: int, out: Any) -> None:
+def _redis_reader(
+    port: int, stream: str, logs_per_call: int, logs_max: int, start_at: float, out: Any
+) -> None:
     """XRANGE of ``stream`` from its start, ``logs_per_call`` entries a call, until
     ``logs_max`` are read (as many as LogHub's reader of the same shard had) or the end."""
     result = PullResult()
@@ -297,6 +271,7 @@ def _redis_reader(port: int, stream: str, logs_per_call: int, logs_max: int, out
     start = b"-"
     logs_per_call = min(logs_per_call, logs_max)
     try:
+        time.sleep(max(0.0, start_at - time.monotonic()))
         while True:
             started = time.monotonic()
             sock.sendall(
@@ -304,7 +279,7 @@ def _redis_reader(port: int, stream: str, logs_per_call: int, logs_max: int, out
                     b"XRANGE", stream.encode(), start, b"+", b"COUNT", b"%d" % logs_per_call
                 )
             )
-            count, last_id = _read_resp_xrange(sock, buffer)
+            count, last_id = read_resp_xrange(sock, buffer)
             if count == 0:
                 break
             result.logs += count
@@ -314,6 +289,7 @@ def _redis_reader(port: int, stream: str, logs_per_call: int, logs_max: int, out
             result.calls += 1
             result.latencies_s.append(time.monotonic() - started)
             start = b"(" + last_id
+        result.elapsed_s = time.monotonic() - start_at
     except Exception as exc:
         result.error = repr(exc)
     finally:
@@ -322,27 +298,33 @@ def _redis_reader(port: int, stream: str, logs_per_call: int, logs_max: int, out
 
 
 def _run_readers(pid: int, targets: list[tuple[Any, tuple[Any, ...]]]) -> tuple[float, float, int]:
-    """Runs one process per (function, args); returns (logs/s, server CPU-s, logs)."""
+    """Runs one process per (function, args); returns (logs/s, server CPU-s, logs). The
+    readers connect (and LogHub's fetch their cursors) first and start reading together, so
+    that process start-up, which took as long as a whole pass of a few seconds' data on a
+    busy machine, is not in the time."""
     ctx = mp.get_context("fork")
     out = ctx.Queue()
-    processes = [ctx.Process(target=fn, args=(*args, out), daemon=True) for fn, args in targets]
-    cpu_before = cpu_seconds_of(pid)
-    started = time.monotonic()
+    start_at = time.monotonic() + 0.5
+    processes = [
+        ctx.Process(target=fn, args=(*args, start_at, out), daemon=True) for fn, args in targets
+    ]
     for process in processes:
         process.start()
     try:
+        time.sleep(max(0.0, start_at - time.monotonic()))
+        cpu_before = cpu_seconds_of(pid)
         results = [out.get(timeout=600) for _ in processes]
+        cpu_s = cpu_seconds_of(pid) - cpu_before
     finally:
         for process in processes:
             process.join(timeout=30)
             if process.is_alive() and process.pid is not None:
                 os.kill(process.pid, signal.SIGKILL)
-    elapsed = time.monotonic() - started
     errors = [r.error for r in results if r.error]
     if errors:
         raise RuntimeError(f"reader failed: {errors[0]}")
     logs = sum(r.logs for r in results)
-    return logs / elapsed, cpu_seconds_of(pid) - cpu_before, logs
+    return logs / max(r.elapsed_s for r in results), cpu_s, logs
 
 
 # --- the cases ----------------------------------------------------------------------------
@@ -425,6 +407,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds (1)")
     parser.add_argument("--runs", type=int, default=1, help="runs of every case (1)")
     parser.add_argument("--shards", type=int, default=4, help="shards / streams (4)")
+    parser.add_argument(
+        "--pull-passes", type=int, default=3, help="catch-up pulls of each side a run (3)"
+    )
+    parser.add_argument(
+        "--pull-case-only",
+        action="store_true",
+        help="write only the pulled case (16 x 32, Redis in memory), then the pulls",
+    )
     parser.add_argument("--smoke", action="store_true", help="a tiny run of a few seconds")
     parser.add_argument("--no-redis", action="store_true", help="LogHub alone")
     parser.add_argument("--data-dir", default=None, help="parent of the temp data directory")
@@ -432,6 +422,9 @@ def main() -> None:
     cases: tuple[tuple[int, int], ...] = _CASES
     if args.smoke:
         args.seconds, args.warmup, args.runs, cases = 0.5, 0.2, 1, ((16, 2), (128, 2))
+        args.pull_passes = 1
+    if args.pull_case_only and not args.smoke:
+        cases = (_PULL_CASE,)
 
     print(f"machine: {machine_summary()}")
     data_dir = make_data_dir(args.data_dir, "loghub-bench-small-")
@@ -448,6 +441,8 @@ def main() -> None:
                 "redis-aof-always": RedisServer(True, str(data_dir)),
                 "redis-memory": RedisServer(False, str(data_dir)),
             }
+            if args.pull_case_only:
+                del peers["redis-aof-always"]
             try:
                 server.start()
                 for index, (logs, connections) in enumerate(cases):
@@ -471,31 +466,8 @@ def main() -> None:
                         _print_case(name, figures)
                 pull_case = _PULL_CASE if not args.smoke else cases[0]
                 logstore = _logstore_name(*pull_case)
-                readers = [
-                    (_loghub_reader, (server.port, logstore, shard, pull_case[0]))
-                    for shard in range(args.shards)
-                ]
-                rate, _, logs_read = _run_readers(server.pid, readers)
-                pulls["loghub"].append(rate)
-                line = f"  catch-up pull of {logstore}: LogHub {fmt_int(rate)} logs/s"
-                if not args.no_redis:
-                    redis = peers["redis-memory"]
-                    per_stream = -(-logs_read // args.shards)  # the same logs in all
-                    readers = [
-                        (
-                            _redis_reader,
-                            (redis.port, f"{logstore}:{shard}", 1000 * pull_case[0], per_stream),
-                        )
-                        for shard in range(args.shards)
-                    ]
-                    redis_rate, _, redis_logs = _run_readers(redis.pid, readers)
-                    pulls["redis"].append(redis_rate)
-                    line += (
-                        f", Redis XRANGE {fmt_int(redis_rate)} logs/s "
-                        f"({fmt_int(logs_read)} vs {fmt_int(redis_logs)} logs), "
-                        f"ratio {rate / redis_rate:.2f}"
-                    )
-                print(line)
+                for _ in range(args.pull_passes):  # alternating, so both see the same load
+                    pull_pass(server, peers["redis-memory"], logstore, pull_case[0], args, pulls)
             finally:
                 server.stop()
                 for peer in peers.values():
@@ -512,6 +484,42 @@ def main() -> None:
         ],
     )  # fmt: skip
     print(f"saved {path}")
+
+
+def pull_pass(
+    server: ServerChild,
+    redis: RedisServer,
+    logstore: str,
+    logs_per_group: int,
+    args: Any,
+    pulls: dict[str, list[float]],
+) -> None:
+    """One catch-up pull of the logstore's shards, then (unless --no-redis) one XRANGE of as
+    many of the same logs from Redis; appends both rates to ``pulls`` and prints them."""
+    readers = [
+        (_loghub_reader, (server.port, logstore, shard, logs_per_group))
+        for shard in range(args.shards)
+    ]
+    rate, cpu_s, logs_read = _run_readers(server.pid, readers)
+    pulls["loghub"].append(rate)
+    line = (
+        f"  catch-up pull of {logstore}: LogHub {fmt_int(rate)} logs/s "
+        f"({1e6 * cpu_s / logs_read if logs_read else 0:.2f} server CPU-us/log)"
+    )
+    if not args.no_redis:
+        per_stream = -(-logs_read // args.shards)  # the same logs in all
+        readers = [
+            (_redis_reader, (redis.port, f"{logstore}:{shard}", 1000 * logs_per_group, per_stream))
+            for shard in range(args.shards)
+        ]
+        redis_rate, redis_cpu_s, redis_logs = _run_readers(redis.pid, readers)
+        pulls["redis"].append(redis_rate)
+        line += (
+            f", Redis XRANGE {fmt_int(redis_rate)} logs/s "
+            f"({1e6 * redis_cpu_s / redis_logs if redis_logs else 0:.2f} server CPU-us/log; "
+            f"{fmt_int(logs_read)} vs {fmt_int(redis_logs)} logs), ratio {rate / redis_rate:.2f}"
+        )
+    print(line)
 
 
 def _median(values: list[float]) -> float:

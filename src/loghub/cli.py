@@ -262,6 +262,12 @@ def serve(
         int | None,
         typer.Option(help=_limit_help("pulls waiting for data at once", "pull_waiters_max")),
     ] = None,
+    pull_buffer_bytes_kept_max: Annotated[
+        int | None,
+        typer.Option(
+            help=_limit_help("read buffers kept between pulls", "pull_buffer_bytes_kept_max")
+        ),
+    ] = None,
     clock_skew_s_max: Annotated[
         int | None,
         typer.Option(help=_limit_help("signed request date tolerance", "clock_skew_s_max")),

@@ -22,6 +22,7 @@ from loghub.errors import (
     StorageError,
 )
 from loghub.storage import ShardLog, StorageConfig
+from loghub.storage._gather import gather_python
 from loghub.storage.segment import HEADER_BYTES, segment_base_sequences
 
 
@@ -435,9 +436,59 @@ def test_a_planned_read_survives_retention_and_descriptor_eviction(open_log: Ope
     for index in range(3):  # other files through the one-descriptor cache
         log.append(payload(100 + index), 20_000)
 
-    parts, _ = segment.read(segment.read_fd, plan, 3, 1 << 20, raw=False, take_first=True)
+    out = bytearray()
+    count, _, end = segment.read_into(
+        segment.read_fd, plan, 3, 1 << 20, out, 0, raw=False, take_first=True
+    )
 
-    assert [bytes(part) for part in parts] == payloads[: len(parts)]
+    assert count > 0 and bytes(out[:end]) == b"".join(payloads[:count])
     with log._lock:
         for planned, _plan in plans:
             log._unpin(planned)
+
+
+@pytest.mark.parametrize("walk", ["compiled", "python"])
+def test_reads_into_one_reused_buffer_return_the_bytes_of_fresh_reads(
+    open_log: OpenLog, walk: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if walk == "python":  # the fallback where no C compiler was found
+        monkeypatch.setattr(loghub.storage.segment, "gather", gather_python)
+    # small records past the first chunk a read takes (256 KiB), one record larger than the
+    # chunk, and reads that start between offset index entries: the walk asks for room and
+    # goes on, and the reused buffer's old bytes never leak into a later read
+    config = StorageConfig(fsync_policy="interval", index_interval_bytes=4096)
+    log = open_log(config)
+    sizes = [200] * 2000 + [600_000] + [150] * 1500
+    for index, size in enumerate(sizes):
+        log.append(payload(index, size), 1_000)
+    buffer = bytearray()
+    for start, count, bytes_max in ((0, 1000, 16 << 20), (7, 3, 500), (1990, 1000, 16 << 20),
+                                    (1995, 1000, 100_000), (2000, 2, 1000), (2001, 1000, 1 << 20),
+                                    (3000, 1000, 16 << 20)):  # fmt: skip
+        expected = log.read(start, count, bytes_max)
+        read = log.read_into(buffer, start, count, bytes_max)
+        assert (read.count, read.next_seq) == (expected.count, expected.next_seq)
+        assert bytes(buffer[: read.size_bytes]) == expected.data
+        assert expected.data == b"".join(
+            payload(index, sizes[index]) for index in range(start, expected.next_seq)
+        )
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("walk", ["compiled", "python"])
+def test_a_first_record_far_over_the_byte_limit_ends_the_read_after_it(
+    open_log: OpenLog, walk: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a raw read's first record fits the first chunk but passes bytes_max by more than the
+    # room kept for headers: the walk must still get room for the next header (it asked for
+    # none, and waited for it forever)
+    if walk == "python":
+        monkeypatch.setattr(loghub.storage.segment, "gather", gather_python)
+    log = open_log(StorageConfig(fsync_policy="interval"))
+    first = payload(0, 30_810)
+    log.append(first, 1_000)
+    log.append(payload(1, 50), 1_000)
+
+    records = log.read_raw(0, 100)
+
+    assert records[HEADER_BYTES:] == first

@@ -79,6 +79,12 @@ class Limits:
     # Pulls waiting for new data at once; one more is answered at once, empty, with
     # x-loghub-wait-ms: 0 (its client pauses and pulls again, as without long polling).
     pull_waiters_max: int = 512
+    # Bytes of read buffers kept between pulls for the next ones (a pull reads its groups
+    # into one buffer; a new one each time is faulted in page by page). A buffer given back
+    # past this bound is freed; more concurrent pulls allocate their own, as before. A full
+    # pull's buffer is a little over pull_bytes_max (headers read beside the payloads), so
+    # the default keeps five of them.
+    pull_buffer_bytes_kept_max: int = 96 * 1024 * 1024
     # Request dates further than this from the server's clock are refused when auth is on.
     clock_skew_s_max: int = 900
 

@@ -56,10 +56,10 @@ from loghub.server.config import ServerConfig
 from loghub.server.groups import GroupService
 from loghub.server.metrics import GroupShardLag, LogstoreDisk, ServerMetrics
 from loghub.server.quotas import ShardQuota, ShardQuotas, rate_per_s_max
+from loghub.server.read_buffers import ReadBuffers
 from loghub.server.tail_waits import ShardTail, TailWaits
 from loghub.server.validation import BodyChecker
 from loghub.storage import (
-    ReadBatch,
     ShardLog,
     ShardLogStatistics,
     ShardStore,
@@ -170,6 +170,7 @@ class LogHubService:
         )
         self.quotas = ShardQuotas(clock)
         self.tail_waits = TailWaits(config.limits.pull_waiters_max)
+        self.read_buffers = ReadBuffers(config.limits.pull_buffer_bytes_kept_max)
         self._closed = threading.Event()
         self._commits: CommitQueue | None = None
         self._lb: dict[tuple[str, str], _LbBalance] = {}
@@ -533,20 +534,29 @@ class LogHubService:
             raise InvalidCursor(f"end_cursor {end_cursor} is before cursor {cursor}")
         quota, quota_key = self.shard_quota(store), (project, logstore, shard_id)
         self.quotas.admit_read(quota_key, quota)
+        # the stored bytes are already framed as LogGroupList entries: packed together in one
+        # reused buffer they are the reply's raw body
+        buffer = self.read_buffers.take()
         try:
-            batch: ReadBatch = shard_log.read(start, count, bytes_max, end)
-        except RecordsLostError as exc:
-            raise _with_cursors(exc, logstore, shard_id) from exc
-        self.quotas.charge_read(quota_key, quota, len(batch.data))
-        self.metrics.count_pull(project, logstore, shard_id, batch.count, len(batch.data))
-        body = compress(accept_compress, batch.data) if batch.data else b""
+            try:
+                batch = shard_log.read_into(buffer, start, count, bytes_max, end)
+            except RecordsLostError as exc:
+                raise _with_cursors(exc, logstore, shard_id) from exc
+            body = b""
+            if batch.size_bytes:
+                with memoryview(buffer) as view, view[: batch.size_bytes] as data:
+                    body = compress(accept_compress, data)
+        finally:
+            self.read_buffers.give_back(buffer)
+        self.quotas.charge_read(quota_key, quota, batch.size_bytes)
+        self.metrics.count_pull(project, logstore, shard_id, batch.count, batch.size_bytes)
         tail = None
         if not batch.count and end is None and not shard_log.sealed:
             tail = ShardTail(shard_log, batch.next_seq)
         return PullResult(
             body=body,
-            compress_type=accept_compress if batch.data else "",
-            raw_size=len(batch.data),
+            compress_type=accept_compress if batch.size_bytes else "",
+            raw_size=batch.size_bytes,
             count=batch.count,
             next_cursor=encode_cursor(batch.next_seq),
             bytes_max=bytes_max,

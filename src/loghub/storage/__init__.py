@@ -9,6 +9,7 @@ from loghub.storage._files import raise_open_files_limit
 from loghub.storage.offset_index import OffsetIndex
 from loghub.storage.segment import Segment
 from loghub.storage.shard_log import (
+    BufferedRead,
     ReadBatch,
     ShardLog,
     ShardLogStatistics,
@@ -19,6 +20,7 @@ from loghub.storage.shard_store import ShardStore, ShardStoreStatistics
 from loghub.storage.time_index import TimeIndex
 
 __all__ = [
+    "BufferedRead",
     "OffsetIndex",
     "ReadBatch",
     "Segment",

@@ -74,6 +74,16 @@ import crc32c
 
 from loghub.errors import CorruptSegmentError, UnsupportedFormatError
 from loghub.storage._files import FileCache, pread_fully, write_fully, writev_fully
+from loghub.storage._gather import (
+    BAD_HEADER,
+    CRC_MISMATCH,
+    DONE,
+    INCOMPLETE_HEADER,
+    INCOMPLETE_RECORD,
+    LIMIT,
+    NEED_ROOM,
+    gather,
+)
 from loghub.storage.offset_index import OffsetIndex
 from loghub.storage.time_index import TimeIndex
 
@@ -116,7 +126,13 @@ _U32_MAX = 2**32 - 1
 _U64_MAX = 2**64 - 1
 _SCAN_CHUNK_BYTES = 1024 * 1024
 _READ_CHUNK_BYTES_MIN = 64 * 1024
-_READ_CHUNK_BYTES_MAX = 4 * 1024 * 1024
+_READ_FIRST_BYTES = 256 * 1024
+_GATHER_COUNT_MAX = 2**62  # "no limit" for a read of raw records, within a C long long
+_DAMAGE = {
+    INCOMPLETE_HEADER: "incomplete header",
+    INCOMPLETE_RECORD: "incomplete record",
+    CRC_MISMATCH: "CRC mismatch",
+}
 _FILE_MODE = 0o644
 _LOG_NAME = re.compile(r"^(\d{20})\.log$")
 
@@ -790,63 +806,80 @@ class Segment:
             limit = min(limit, ceiling)
         return ReadPlan(position, self.base_seq + relative_sequence, start_seq, stop_seq, limit)
 
-    def read(
+    def read_into(
         self,
         fd: int,
         plan: ReadPlan,
         count_max: int,
         bytes_max: int,
+        out: bytearray,
+        out_offset: int,
         *,
         raw: bool,
         take_first: bool,
-    ) -> tuple[list[memoryview], int]:
-        """Records of ``plan``, at most ``count_max`` and ``bytes_max`` bytes (payload bytes,
-        or whole records when ``raw``; the first record is taken regardless when
-        ``take_first``). Returns the payloads (or records) and the bytes counted. Raises
-        CorruptSegmentError when a record (or the index entry leading to it) is wrong.
-        ``fd`` is the log's descriptor, pinned by the caller since before it planned the
-        read, so that retention cannot unlink the file between the plan and the read."""
-        # One pread covers the usual read; a larger one refills as it goes.
+    ) -> tuple[int, int, int]:
+        """Packs the records of ``plan`` into ``out`` from ``out_offset``: at most
+        ``count_max`` records and ``bytes_max`` bytes (payload bytes, or whole records when
+        ``raw``; the first record is taken regardless when ``take_first``), growing ``out``
+        as needed. Returns (records, bytes taken, end of the packed bytes in ``out``); bytes
+        of ``out`` after that end are scratch. Raises CorruptSegmentError when a record (or
+        the index entry leading to it) is wrong. ``fd`` is the log's descriptor, pinned by
+        the caller since before it planned the read, so that retention cannot unlink the
+        file between the plan and the read; ``out`` must have no exported views."""
+        # A read must not pull in far more of the file than it returns (a pull of 1,000
+        # small groups from a long segment would read 16 MiB for 3 MiB), nor stop every
+        # few records: the first call reads a modest chunk, later ones what the records seen
+        # so far suggest the rest needs, within what the limits allow; a record larger than
+        # that makes the walk ask for room for it.
         skip_bytes = self.index_interval_bytes if plan.position_seq < plan.start_seq else 0
-        wanted_bytes = bytes_max + HEADER_BYTES * (min(count_max, 1024) + 1)
-        chunk_bytes = skip_bytes + min(wanted_bytes, _READ_CHUNK_BYTES_MAX)
-        reader = _ChunkReader(fd, plan.limit_position, max(chunk_bytes, _READ_CHUNK_BYTES_MIN))
-        position = plan.position
-        sequence = plan.position_seq
-        parts: list[memoryview] = []
-        taken_bytes = 0
-        while sequence < plan.stop_seq and len(parts) < count_max:
-            header = reader.view(position, HEADER_BYTES)
-            if header is None:
-                raise self._corrupt(position, "incomplete header")
-            fields = HEADER.unpack(header)
-            problem = check_header(fields, sequence, self.payload_bytes_max)
-            if problem is not None:
-                raise self._corrupt(position, problem)
-            record_bytes = HEADER_BYTES + fields[5]
-            if sequence >= plan.start_seq:
-                cost = record_bytes if raw else fields[5]
-                if (parts or not take_first) and taken_bytes + cost > bytes_max:
-                    break
-                record = reader.view(position, record_bytes)
-                if record is None:
-                    raise self._corrupt(position, "incomplete record")
-                if not record_crc_matches(record):
-                    raise self._corrupt(position, "CRC mismatch")
-                parts.append(record if raw else record[HEADER_BYTES:])
-                taken_bytes += cost
-            position += record_bytes
-            sequence += 1
-        return parts, taken_bytes
+        position, sequence = plan.position, plan.position_seq
+        count_max = min(count_max, _GATHER_COUNT_MAX)
+        count = taken = 0
+        out_end = out_offset
+        need = 0
+        while True:
+            left = count_max - count
+            allowed = skip_bytes + bytes_max - taken + HEADER_BYTES * (min(left, 1024) + 1)
+            guess = skip_bytes + _READ_FIRST_BYTES
+            if count:
+                guess = skip_bytes + (left * (taken // count + HEADER_BYTES)) * 5 // 4
+            # at least a header: after a first record over bytes_max, ``allowed`` can be tiny
+            room = min(plan.limit_position - position, max(min(allowed, guess), need, HEADER_BYTES))
+            if len(out) < out_end + room:
+                out.extend(bytes(out_end + room - len(out)))
+            status, stop, sequence, new_end, records, taken_now, loaded_end = gather(
+                fd, out, out_end, position, plan.limit_position, sequence, plan.start_seq,
+                plan.stop_seq, count_max - count, bytes_max - taken, take_first and not count,
+                raw, self.payload_bytes_max,
+            )  # fmt: skip
+            index = out_end + stop - position
+            count, taken, position, out_end = count + records, taken + taken_now, stop, new_end
+            if status in (DONE, LIMIT):
+                return count, taken, out_end
+            if status == NEED_ROOM:
+                if index + HEADER_BYTES <= loaded_end:
+                    need = HEADER_BYTES + HEADER.unpack_from(out, index)[5]
+                skip_bytes = 0
+                continue
+            raise self._corrupt(position, self._damage(status, out, index, sequence))
+
+    def _damage(self, status: int, out: bytearray, index: int, sequence: int) -> str:
+        """What the walk found wrong with the record at ``out[index:]``."""
+        if status == BAD_HEADER:
+            problem = check_header(HEADER.unpack_from(out, index), sequence, self.payload_bytes_max)
+            assert problem is not None
+            return problem
+        return _DAMAGE[status]
 
     def read_time_ms(self, sequence: int) -> int:
         """The receive time in record ``sequence``'s own header (CRC-checked), so that a
         damaged time index cannot give a wrong answer. Under the shard lock."""
         plan = self.plan_read(sequence, sequence + 1)
+        out = bytearray()
         with self.files.use(self.path) as fd:
-            parts, _ = self.read(fd, plan, 1, 0, raw=True, take_first=True)
-        assert len(parts) == 1
-        return int(HEADER.unpack(parts[0][:HEADER_BYTES])[4])
+            count, _, _ = self.read_into(fd, plan, 1, 0, out, 0, raw=True, take_first=True)
+        assert count == 1
+        return int(HEADER.unpack_from(out, 0)[4])
 
     def _corrupt(self, position: int, problem: str) -> CorruptSegmentError:
         return CorruptSegmentError(f"{self.path} at position {position}: {problem}")

@@ -102,7 +102,14 @@ from loghub.storage.segment import (
     segment_base_sequences,
 )
 
-__all__ = ["ReadBatch", "ShardLog", "ShardLogStatistics", "StagedAppend", "StorageConfig"]
+__all__ = [
+    "BufferedRead",
+    "ReadBatch",
+    "ShardLog",
+    "ShardLogStatistics",
+    "StagedAppend",
+    "StorageConfig",
+]
 
 logger = logging.getLogger("loghub.storage")
 
@@ -150,6 +157,13 @@ class StorageConfig:
 @dataclass(frozen=True)
 class ReadBatch:
     data: bytes  # the concatenated payloads of the records read, in order (no headers)
+    count: int  # records read
+    next_seq: int  # sequence after the last record read (== start when count == 0)
+
+
+@dataclass(frozen=True)
+class BufferedRead:
+    size_bytes: int  # the payloads fill the caller's buffer from index 0 to here
     count: int  # records read
     next_seq: int  # sequence after the last record read (== start when count == 0)
 
@@ -211,7 +225,9 @@ class StagedAppend:
 
 @dataclass
 class _ReadState:
-    parts: list[memoryview] = field(default_factory=list)
+    out: bytearray  # the records' payloads (or whole records) packed from index 0
+    size_bytes: int = 0  # how much of ``out`` they fill; the rest is scratch
+    count: int = 0
     taken_bytes: int = 0
 
 
@@ -723,35 +739,67 @@ class ShardLog:
         """Payloads of records [start_seq, min(end_seq, self.high_watermark_seq)), at most
         ``count_max`` of them and about ``bytes_max`` bytes (at least one record when any is
         available)."""
-        state = self._read(start_seq, count_max, bytes_max, end_seq, raw=False)
-        return ReadBatch(b"".join(state.parts), len(state.parts), start_seq + len(state.parts))
+        state = self._read(bytearray(), start_seq, count_max, bytes_max, end_seq, raw=False)
+        del state.out[state.size_bytes :]
+        return ReadBatch(bytes(state.out), state.count, start_seq + state.count)
+
+    def read_into(
+        self,
+        out: bytearray,
+        start_seq: int,
+        count_max: int,
+        bytes_max: int,
+        end_seq: int | None = None,
+    ) -> BufferedRead:
+        """What ``read`` returns, with the payloads packed at the start of ``out`` instead of
+        in new bytes; ``out`` grows when it is too small and its bytes after the payloads are
+        scratch. A caller that keeps its buffers between reads spares every read the
+        allocation (and page faults) of a new block. ``out`` must have no exported views."""
+        state = self._read(out, start_seq, count_max, bytes_max, end_seq, raw=False)
+        return BufferedRead(state.size_bytes, state.count, start_seq + state.count)
 
     def read_raw(self, start_seq: int, bytes_max: int) -> bytes:
         """Framed records (headers included) from ``start_seq``, about ``bytes_max`` bytes
         (at least one record when any is available), for a follower's ``append_raw``. Up to
         end_seq, not the high watermark: a follower must copy records before they count as
         committed (Kafka's follower fetch)."""
-        return b"".join(self._read(start_seq, 2**63, bytes_max, None, raw=True).parts)
+        state = self._read(bytearray(), start_seq, 2**63, bytes_max, None, raw=True)
+        del state.out[state.size_bytes :]
+        return bytes(state.out)
 
     def _read(
-        self, start_seq: int, count_max: int, bytes_max: int, end_seq: int | None, *, raw: bool
+        self,
+        out: bytearray,
+        start_seq: int,
+        count_max: int,
+        bytes_max: int,
+        end_seq: int | None,
+        *,
+        raw: bool,
     ) -> _ReadState:
         """Reads once; when a segment fails its checks on the way, rescans it (which notes
         the damage and rebuilds its indexes) and reads once more."""
         assert count_max >= 0 and bytes_max >= 0
         try:
-            return self._read_once(start_seq, count_max, bytes_max, end_seq, raw=raw)
+            return self._read_once(out, start_seq, count_max, bytes_max, end_seq, raw=raw)
         except _DamageFound as damage:
             self._rescan(damage.segment, damage.error)
         try:
-            return self._read_once(start_seq, count_max, bytes_max, end_seq, raw=raw)
+            return self._read_once(out, start_seq, count_max, bytes_max, end_seq, raw=raw)
         except _DamageFound as damage:
             raise damage.error from None
 
     def _read_once(
-        self, start_seq: int, count_max: int, bytes_max: int, end_seq: int | None, *, raw: bool
+        self,
+        out: bytearray,
+        start_seq: int,
+        count_max: int,
+        bytes_max: int,
+        end_seq: int | None,
+        *,
+        raw: bool,
     ) -> _ReadState:
-        state = _ReadState()
+        state = _ReadState(out)
         with self._lock:
             self._check_open()
             self._check_cursor(start_seq)
@@ -764,19 +812,21 @@ class ShardLog:
         try:
             for segment, plan in plans:
                 try:
-                    parts, taken_bytes = segment.read(
+                    count, taken_bytes, state.size_bytes = segment.read_into(
                         segment.read_fd,
                         plan,
-                        count_max - len(state.parts),
+                        count_max - state.count,
                         bytes_max - state.taken_bytes,
+                        out,
+                        state.size_bytes,
                         raw=raw,
-                        take_first=not state.parts,
+                        take_first=not state.count,
                     )
                 except CorruptSegmentError as exc:
                     raise _DamageFound(segment, exc) from exc
-                state.parts.extend(parts)
+                state.count += count
                 state.taken_bytes += taken_bytes
-                if len(parts) < plan.stop_seq - plan.start_seq:
+                if count < plan.stop_seq - plan.start_seq:
                     break  # a limit was reached inside this segment
         finally:
             with self._lock:

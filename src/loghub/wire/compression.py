@@ -48,8 +48,10 @@ def _normalize(compress_type: str | None) -> str:
     return name
 
 
-def compress(compress_type: str | None, data: bytes) -> bytes:
-    """``data`` encoded as ``compress_type`` says (see the module docstring)."""
+def compress(compress_type: str | None, data: bytes | bytearray | memoryview) -> bytes:
+    """``data`` encoded as ``compress_type`` says (see the module docstring), as new bytes
+    that do not share memory with ``data`` (bytes given are returned as they are), so a
+    caller may reuse its buffer once this returns."""
     name = _normalize(compress_type)
     if name == "lz4":
         return bytes(lz4.block.compress(data, store_size=False))
@@ -57,7 +59,7 @@ def compress(compress_type: str | None, data: bytes) -> bytes:
         return bytes(zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(data))
     if name in ("deflate", "gzip"):
         return zlib.compress(data)
-    return data
+    return bytes(data)
 
 
 def decompress(
