@@ -39,7 +39,7 @@ from loghub.errors import (
     ServerBusy,
     error_class_for_code,
 )
-from loghub.server.config import KeyGrant, KeyRing, parse_keys_document
+from loghub.server.config import KeyGrant, KeyRing, parse_keys_document, split_keys
 from loghub.wire.signing import Credentials, sign_v1
 
 __all__ = ["FORWARDED_HEADER", "ClusterRouting"]
@@ -134,12 +134,10 @@ class ClusterRouting:
         if not entries:
             log.error("the cluster's keys in etcd are empty; the keys in force are kept")
             return
-        keys = {key_id: secret for key_id, (secret, _) in entries.items()}
-        if keys == dict(self._keys):
-            grants = {k: grant for k, (_, grant) in entries.items() if grant is not None}
-            if grants == dict(self._key_grants):
-                return
-        self._key_grants.replace({k: g for k, (_, g) in entries.items() if g is not None})
+        keys, grants = split_keys(entries)
+        if keys == dict(self._keys) and grants == dict(self._key_grants):
+            return
+        self._key_grants.replace(grants)
         self._keys.replace(keys)
         log.info("the cluster's access keys changed: %d keys in force", len(keys))
 

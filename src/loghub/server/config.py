@@ -31,6 +31,7 @@ __all__ = [
     "load_key_grants",
     "load_keys",
     "parse_keys_document",
+    "split_keys",
 ]
 
 _V = TypeVar("_V")
@@ -308,6 +309,16 @@ def parse_keys_document(loaded: object, where: str) -> dict[str, tuple[str, KeyG
                 ' {"secret", "projects", "access"}'
             )
     return entries
+
+
+def split_keys(
+    entries: Mapping[str, tuple[str, KeyGrant | None]],
+) -> tuple[dict[str, str], dict[str, KeyGrant]]:
+    """``parse_keys_document``'s entries as the two mappings a server takes: key id ->
+    secret, and key id -> grant for the keys that are limited."""
+    keys = {key_id: secret for key_id, (secret, _grant) in entries.items()}
+    grants = {key_id: grant for key_id, (_secret, grant) in entries.items() if grant is not None}
+    return keys, grants
 
 
 def keys_document(

@@ -28,6 +28,7 @@ from loghub.server.config import (
     is_loopback_host,
     keys_document,
     parse_keys_document,
+    split_keys,
 )
 from loghub.server.http_protocol import bounded_protocol
 from loghub.server.memory import return_large_buffers_to_os
@@ -88,11 +89,8 @@ def with_cluster_keys(config: ServerConfig) -> ServerConfig:
             return await resolve_keys(store, offered)
 
     entries = parse_keys_document(asyncio.run(resolve()), "the cluster's keys in etcd")
-    return dataclasses.replace(
-        config,
-        keys=KeyRing({key_id: secret for key_id, (secret, _) in entries.items()}),
-        key_grants=KeyRing({k: grant for k, (_, grant) in entries.items() if grant is not None}),
-    )
+    keys, grants = split_keys(entries)
+    return dataclasses.replace(config, keys=KeyRing(keys), key_grants=KeyRing(grants))
 
 
 def serve(config: ServerConfig, front_ends: Sequence[FrontEnd] = ()) -> None:
