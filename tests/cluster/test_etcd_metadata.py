@@ -149,6 +149,9 @@ def test_a_record_made_elsewhere_is_found_before_this_nodes_watch_delivers_it(
     assert b.consumer_groups("late", "events").get("late", "events", "g1").ordered
     with pytest.raises(ConsumerGroupNotExist):  # a true miss is still one
         b.consumer_groups("late", "events").get("late", "events", "nobody")
+    other = a.create_logstore("late", LogstoreSpec("other", shard_count=1))
+    assert b.shard_for_key("late", "other", 0).shard_id == 0  # a PutLogs with a hash key
+    assert b.get_logstore("late", "other") == other
 
 
 def test_deleted_logstores_are_remembered_for_every_node(

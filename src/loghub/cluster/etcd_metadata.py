@@ -371,7 +371,7 @@ class EtcdMetadataStore:
 
     def shard_for_key(self, project: str, logstore: str, key: int) -> Shard:
         """The read-write shard whose range holds ``key`` (see ``hashing.parse_hash_key``)."""
-        return self._entry(project, logstore).shard_for_key(key)
+        return self._fresh(lambda: self._entry(project, logstore).shard_for_key(key))
 
     # -- consumer groups --------------------------------------------------------------------
 
