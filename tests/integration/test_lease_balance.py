@@ -44,6 +44,11 @@ BALANCE_BOUND_S = (taker_interval_lease_timeouts * TIMEOUT_MS + TIMEOUT_MS) / 10
 # busy machine: what the bound grants the watcher, not the protocol.
 POLL_S = 0.02
 WATCH_SLACK_S = 0.3
+# The bounds are the protocol's, in lease time; the moments are timers in worker processes,
+# which a loaded 2-core runner wakes late (0.4-0.6 s late in full runs: 3.31 s for a takeover
+# bounded at 2.97 s, 6.69 s for a balance bounded at 6.3 s). One renew of scheduling is
+# allowed on top; a worker that missed a whole round of the protocol still fails the bound.
+SCHEDULING_SLACK_S = RENEW_MS / 1000
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -163,7 +168,9 @@ def _balance_runs(lease_url: str, tmp_path: Path, runs: int) -> list[float]:
 
 
 def _check_runs(times_s: list[float]) -> None:
-    slow = [round(t, 2) for t in times_s if t > BALANCE_BOUND_S + WATCH_SLACK_S]
+    slow = [
+        round(t, 2) for t in times_s if t > BALANCE_BOUND_S + WATCH_SLACK_S + SCHEDULING_SLACK_S
+    ]
     print(f"seconds to balance: {sorted(round(t, 2) for t in times_s)}")
     assert not slow, f"runs over {BALANCE_BOUND_S} s: {slow} (all: {times_s})"
 
@@ -211,9 +218,9 @@ def test_a_killed_workers_shards_are_consumed_again_within_one_timeout_and_one_r
         time.sleep(POLL_S)
     print(f"seconds for the killed worker's shards to move: {moved_s:.2f}")
     # The protocol's bound is one timeout and one renew (a survivor sees the victim's last
-    # renew up to one renew late, and wakes when the lease it watches expires). The wake-up is
-    # a timer in another process: on a loaded 2-core runner it has come 0.6 s late (3.31 s
-    # measured in a full run), so one more renew is allowed for scheduling. A takeover that
-    # waited for a taker round (a whole lease timeout or more) still fails.
-    assert moved_s <= (TIMEOUT_MS + 2 * RENEW_MS) / 1000 + WATCH_SLACK_S
-    assert _seconds_to_balance(store, killed_s, WORKERS - 1) <= BALANCE_BOUND_S + WATCH_SLACK_S
+    # renew up to one renew late, and wakes when the lease it watches expires); a takeover
+    # that waited for a taker round (a whole lease timeout or more) still fails.
+    bound_s = (TIMEOUT_MS + RENEW_MS) / 1000 + WATCH_SLACK_S + SCHEDULING_SLACK_S
+    assert moved_s <= bound_s
+    balanced_s = _seconds_to_balance(store, killed_s, WORKERS - 1)
+    assert balanced_s <= BALANCE_BOUND_S + WATCH_SLACK_S + SCHEDULING_SLACK_S
