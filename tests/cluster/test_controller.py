@@ -209,9 +209,17 @@ def test_a_draining_node_seals_and_hands_over_and_a_returning_node_records_ends(
             record = (await read_placements(store))[("p", "s")]
             assert record.owners[orphan.shard_id] == "a"
             catalog.succeed_shard("p", "s", orphan.shard_id, None)
-            logs.sealed.clear()
-            await a._act_on_placements()
+            # the controller places the child, the owner's watch sees the new placement and
+            # seals: the path a returning node takes. Not a direct call of the agent's method,
+            # which a lease refresh that came late on a loaded runner (TTL 1 s here) turns into
+            # a no-op until the node has joined again (and acted again, on its own).
+
+            async def end_recorded() -> bool:
+                return catalog.shards[orphan.shard_id].end_seq is not None
+
+            await wait_for(end_recorded)
             assert catalog.shards[orphan.shard_id].end_seq == 100 + orphan.shard_id
+            assert logs.sealed[orphan.shard_id] == 100 + orphan.shard_id
             await a.stop()
 
     asyncio.run(scenario())
