@@ -25,10 +25,11 @@ The rules, each a function below:
 - **Ack.** A write is acknowledged once the HW has passed its end and the ISR has at least
   ``min_insync_replicas`` members; with fewer, the leader refuses writes
   (``NotEnoughReplicasError``).
-- **ISR.** The leader drops a follower not caught up with its log end for ``replica_lag_ms``
-  and adds one whose fsynced end reached both the HW and the leader's epoch start. Each
-  change is a compare-and-swap on the control plane's record (``ShardLeadership``), whose
-  version moves at every election, so a deposed leader's change fails with ``FencedError``.
+- **ISR.** The leader drops a follower that has not fetched up to its log end for
+  ``replica_lag_ms`` and adds one whose fsynced end reached both the HW and the leader's
+  epoch start. Each change is a compare-and-swap on the control plane's record
+  (``ShardLeadership``), whose version moves at every election, so a deposed leader's
+  change fails with ``FencedError``.
 - **Election.** A clean election picks only from the ISR of the record, bumps the epoch and
   keeps the live ISR members. ``unclean_election_may_lose_acknowledged_data`` is a separate,
   explicit act for an operator who accepts the loss.
@@ -420,20 +421,22 @@ def _diverging(log: ReplicaLog, request: FetchRequest) -> EpochEndOffset | None:
 def _progress(
     leader: LeaderState, log: ReplicaLog, request: FetchRequest, now_ms: int
 ) -> FollowerProgress:
-    """Kafka's rule for "caught up": the follower had the leader's whole log, as it is now
-    or as it was at its previous fetch (so a steady stream of writes does not make a
-    follower that keeps up look behind)."""
+    """Kafka's rule for "caught up": the follower had fetched the leader's whole log, as it
+    is now or as it was at its previous fetch (so that a steady stream of writes does not
+    make a follower that keeps up look behind). Judged on what it fetched, not on what it
+    fsynced, so that a follower that fetches before its fsync completes is not dropped for
+    it; the high watermark, which decides acknowledgements, counts only fsynced records."""
     previous = leader.followers.get(request.replica_id)
-    fsynced = request.fsynced_end_offset
-    if fsynced >= log.log_end_offset:
+    fetched = request.fetch_offset
+    if fetched >= log.log_end_offset:
         caught_up_ms = now_ms
     elif previous is None:
         caught_up_ms = leader.since_ms
-    elif fsynced >= previous.last_fetch_leader_end_offset:
+    elif fetched >= previous.last_fetch_leader_end_offset:
         caught_up_ms = max(previous.caught_up_ms, previous.last_fetch_ms)
     else:
         caught_up_ms = previous.caught_up_ms
-    return FollowerProgress(fsynced, caught_up_ms, now_ms, log.log_end_offset)
+    return FollowerProgress(request.fsynced_end_offset, caught_up_ms, now_ms, log.log_end_offset)
 
 
 def advance_high_watermark(log: ReplicaLog, leader: LeaderState) -> ReplicaLog:

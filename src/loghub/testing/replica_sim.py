@@ -15,7 +15,9 @@ step; every choice comes from one ``random.Random(seed)``.
   a write is acknowledged when ``is_acknowledged`` says so while its leader still leads its
   epoch, and is indeterminate (neither acknowledged nor refused) once that leader is gone.
 - Followers fetch from the leader their copy of the record names, one fetch in flight,
-  again after ``fetch_timeout_ms``; replicas fsync at random moments (group commit).
+  again after ``fetch_timeout_ms``; mostly once they have fsynced what the last fetch
+  brought, sometimes before. Replicas fsync at random moments (group commit), within
+  ``fsync_delay_ms_max`` of an append.
 - The controller elects cleanly from the ISR once the leader's lease has expired or the
   leader restarted (a new session); a replica learns a new record through a watch that may
   lag, or at once when its compare-and-swap is refused.
@@ -420,8 +422,9 @@ class ReplicaSimulation:
             return
         if replica.inflight is not None and now - replica.inflight[2] < self.fetch_timeout_ms:
             return
-        if replica.log.fsynced_end_offset < replica.log.log_end_offset:
-            return  # append, fsync, then fetch again: the next fetch acknowledges the last
+        unfsynced = replica.log.fsynced_end_offset < replica.log.log_end_offset
+        if unfsynced and self.random.random() < 0.75:
+            return  # mostly append, fsync, fetch; a follower may also fetch before its fsync
         request = fetch_request(replica.log, replica.replica_id, view.leader_epoch)
         self._next_request_id += 1
         replica.inflight = (self._next_request_id, request, now)
