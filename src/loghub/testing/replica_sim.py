@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 from loghub.coordination.replica import (
     LINEAGE_TRUNCATION,
+    EpochEndOffset,
     FetchRequest,
     FetchResponse,
     LeaderState,
@@ -81,7 +82,25 @@ from loghub.errors import FencedError, LogHubError, NotEnoughReplicasError
 from loghub.metadata.cluster_store import ShardLeadership
 from loghub.testing.clock import FakeClock
 
-__all__ = ["NO_FAULTS", "ReplicaFaults", "ReplicaSimulation", "ReplicaStatistics"]
+__all__ = [
+    "NO_FAULTS",
+    "HighWatermarkTruncation",
+    "ReplicaFaults",
+    "ReplicaSimulation",
+    "ReplicaStatistics",
+]
+
+
+class HighWatermarkTruncation:
+    """Broken on purpose, as Kafka was before KIP-101: a follower cuts its log at its own
+    high watermark (which lags the leader's by a fetch) when it starts following a leader,
+    and on a diverging answer. For tests that show the checkers catch it; never use it."""
+
+    def on_follow(self, log: ReplicaLog) -> int | None:
+        return log.high_watermark
+
+    def on_diverging(self, log: ReplicaLog, answer: EpochEndOffset) -> int:
+        return log.high_watermark
 
 
 @dataclass(frozen=True)
@@ -670,6 +689,7 @@ class ReplicaSimulation:
                 self._check_healed()
                 return step
             self._step(self.steps + step)
+        leader = self._replicas[self._register.leader]
         raise AssertionError(
             f"no convergence within {self.heal_steps_max} steps of healing: record "
             f"{self._register}, logs "
@@ -678,7 +698,17 @@ class ReplicaSimulation:
                 f"HW {r.log.high_watermark}"
                 for r in self._replicas.values()
             )
+            + self._lost_note(leader)
         )
+
+    def _lost_note(self, replica: _Replica) -> str:
+        records = replica.log.records
+        lost = sorted(
+            offset
+            for payload, offset in self._acked.items()
+            if offset >= len(records) or records[offset].payload != payload
+        )
+        return f"; {replica.replica_id} lacks acknowledged offsets {lost}" if lost else ""
 
     def _converged(self) -> bool:
         record = self._register
