@@ -12,6 +12,12 @@ from dataclasses import asdict
 
 import pytest
 
+from loghub.coordination.replica import (
+    EpochEndOffset,
+    LineageTruncation,
+    ReplicaLog,
+    TruncationRule,
+)
 from loghub.testing.replica_sim import NO_FAULTS, HighWatermarkTruncation, ReplicaSimulation
 
 _REPLAY = os.environ.get("LOGHUB_SEED")
@@ -101,19 +107,19 @@ def test_without_faults_every_write_is_acknowledged_and_nothing_moves() -> None:
     assert stats.records_read > 0
 
 
-def _first_failure(seeds: range) -> tuple[int, str]:
+def _first_failure(seeds: range, truncation: TruncationRule) -> tuple[int, str]:
     for seed in seeds:
         try:
-            ReplicaSimulation(seed, steps=STEPS, truncation=HighWatermarkTruncation()).run()
+            ReplicaSimulation(seed, steps=STEPS, truncation=truncation).run()
         except AssertionError as exc:
             return seed, str(exc)
-    pytest.fail("the checkers missed a follower cutting its log at its high watermark")
+    pytest.fail(f"the checkers missed a broken truncation rule: {truncation}")
 
 
 def test_the_checkers_catch_truncation_at_the_followers_high_watermark() -> None:
     """The cut removes acknowledged records from an ISR member: the next clean leader
     might be the one that lost them."""
-    seed, message = _first_failure(range(40))
+    seed, message = _first_failure(range(40), HighWatermarkTruncation())
     assert "ISR member" in message and "acknowledged among them" in message, message
     assert f"LOGHUB_SEED={seed}" in message
 
@@ -125,7 +131,22 @@ def test_without_the_isr_checker_the_same_rule_loses_an_acknowledged_record(
     acknowledged records becomes leader, and they are gone from the shard (other records
     take their offsets, or the leader's log ends before them)."""
     monkeypatch.setattr(ReplicaSimulation, "_check_isr_holds_committed", lambda self: None)
-    seed, message = _first_failure(range(100))
+    seed, message = _first_failure(range(100), HighWatermarkTruncation())
     overwritten = "two records at offset" in message and "acknowledged among them" in message
     assert overwritten or "lacks acknowledged offsets" in message, message
     assert f"LOGHUB_SEED={seed}" in message
+
+
+class _OffsetOnlyTruncation(LineageTruncation):
+    """Broken on purpose, as KIP-101's first answer was before KIP-279: cut at the offset
+    the leader names, without checking that this log knows the epoch it names."""
+
+    def on_diverging(self, log: ReplicaLog, answer: EpochEndOffset) -> int:
+        return min(answer.end_offset, log.log_end_offset)
+
+
+def test_the_checkers_catch_a_cut_that_ignores_which_epoch_the_leader_named() -> None:
+    """After a fast double failover, the cut keeps records the leader does not have below
+    where it cut; every later fetch diverges again, and the follower never rejoins."""
+    seed, message = _first_failure(range(300), _OffsetOnlyTruncation())
+    assert "no convergence" in message and f"LOGHUB_SEED={seed}" in message, message

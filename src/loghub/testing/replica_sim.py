@@ -329,7 +329,7 @@ class ReplicaSimulation:
         replica.tail_since_ms = None
         replica.paused_until_ms = 0
         replica.crash_at_ms = None
-        replica.restart_ms = now + self.random.randrange(20, 300, self.tick_ms)
+        replica.restart_ms = now + self.random.randrange(20, 200, self.tick_ms)
         self._count["crashes"] += 1
         self._count["records_lost_in_crashes"] += before - replica.log.log_end_offset
 
@@ -614,7 +614,7 @@ class ReplicaSimulation:
         self._elected_session = new_leader.session
         self._count["elections"] += 1
         if self._storm and self.random.random() < self.faults.double_failover:
-            new_leader.crash_at_ms = now + self.random.randrange(0, 4 * self.tick_ms, self.tick_ms)
+            new_leader.crash_at_ms = now + self.random.randrange(0, 12 * self.tick_ms, self.tick_ms)
             self._count["double_failovers"] += 1
 
     # -- checkers ------------------------------------------------------------------------------
