@@ -11,7 +11,7 @@ The rules, each a function below:
 
 - **Epochs.** Every record carries the leader epoch it was appended in; each replica keeps
   an ``EpochCache`` of (epoch, start offset). A new leader's epoch starts at its log end.
-- **Fetch.** A follower fetches at its log end with the epoch of its last record
+- **Fetch.** A follower fetches at its log end with the latest epoch its log knows
   (``FetchRequest``). If that epoch's lineage leaves the leader's, the leader answers with
   the diverging epoch and where it ends on the leader (KIP-595); otherwise it returns the
   records from the fetch offset and notes the follower's *fsynced* end.
@@ -36,11 +36,12 @@ The rules, each a function below:
 
 A replica's role::
 
-    (start) ──> OFFLINE ──restart──> FOLLOWER ──the record names it, in a new epoch──> LEADER
-                   ^                   │  ^                                            │
-                   └───crash───────────┘  └──── deposed: a newer record, or a refused ─┤
-                   ^                            ISR change                             │
-                   └───────────────────────────crash───────────────────────────────────┘
+              restart                 elected: the record names it, in a new epoch
+    OFFLINE ──────────> FOLLOWER ─────────────────────────────────────────────> LEADER
+     ^  ^                 │  ^                                                   │  │
+     │  └───── crash ─────┘  └─── deposed: a newer record, or its ISR change ────┘  │
+     │                            refused (FencedError)                             │
+     └─────────────────────────────────── crash ────────────────────────────────────┘
 
 A replica that restarts (an unclean shutdown included) comes back as a follower, never as
 the leader it was (KIP-966): leading again takes a new election and a new epoch.
@@ -282,7 +283,7 @@ def _append(log: ReplicaLog, records: Sequence[Record]) -> ReplicaLog:
 
 @dataclass(frozen=True)
 class FetchRequest:
-    """A follower's fetch: its log end, the epoch of its last record, how far it has fsynced
+    """A follower's fetch: its log end, the latest epoch its log knows, how far it has fsynced
     (the acknowledgement: the leader counts only this toward the high watermark), and the
     leader epoch it believes current (KIP-320), so that a stale leader or follower is
     refused."""
@@ -384,17 +385,21 @@ def handle_fetch(
 ) -> tuple[ReplicaLog, LeaderState, FetchResponse]:
     """Answer a follower's fetch (the log comes back with its high watermark advanced).
 
-    ``FencedError`` when the request is for another epoch than the leader's: the follower
-    or this leader is stale. A fetch whose last epoch diverges from this log gets the
-    diverging epoch and nothing else is noted; a valid one notes the follower's progress."""
+    ``FencedError`` when the request is for another epoch than the leader's, or comes from
+    a log that knows a newer one: the follower or this leader is stale. A fetch whose last
+    epoch diverges from this log gets the diverging epoch and nothing else is noted; a valid
+    one notes the follower's progress."""
     assert 1 <= records_max <= fetch_records_max, records_max
-    if request.leader_epoch != leader.leader_epoch:
+    if (
+        request.leader_epoch != leader.leader_epoch
+        or request.last_fetched_epoch > leader.leader_epoch
+    ):
         raise FencedError(
-            f"fetch by {request.replica_id} for leader epoch {request.leader_epoch}, "
-            f"but {leader.replica_id} leads epoch {leader.leader_epoch}"
+            f"fetch by {request.replica_id} for leader epoch {request.leader_epoch} (its log "
+            f"has epoch {request.last_fetched_epoch}), but {leader.replica_id} leads epoch "
+            f"{leader.leader_epoch}"
         )
     assert request.replica_id != leader.replica_id, request
-    assert request.last_fetched_epoch <= leader.leader_epoch, request  # checked by the epoch
     diverging = _diverging(log, request)
     if diverging is not None:
         return log, leader, FetchResponse(leader.leader_epoch, log.high_watermark, diverging, ())

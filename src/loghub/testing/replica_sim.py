@@ -26,13 +26,15 @@ step; every choice comes from one ``random.Random(seed)``.
 Faults come in storms separated by calm spells: crashes (the unfsynced tail is lost) and
 restarts, pauses (some longer than the lag bound and the lease), a replica cut off from the
 control plane (its lease expires while it goes on serving), links between two replicas cut,
-fetches and replies lost or delayed, and a newly elected leader crashed at once (a fast
-double failover). At the end every fault is healed and the replicas must converge.
+fetches and replies lost or delayed, and a newly elected leader crashed within a few ticks
+(a fast double failover, sometimes after it took writes in its epoch). At the end every
+fault is healed and the replicas must converge.
 
 Checkers run after every step and raise ``AssertionError`` naming the seed:
 
-1. every record below any replica's high watermark (committed; every acknowledged record is)
-   is the same at its offset on every replica that has it there: one lineage below the HWs;
+1. below its own high watermark, every replica (offline ones too) holds the same records at
+   the same offsets as every other: one lineage, the committed records, of which every
+   acknowledged one is part;
 2. every member of the control plane's ISR has fsynced every committed record (so every
    acknowledged one): the next clean leader holds them all;
 3. a leader's high watermark never decreases within its epoch;
@@ -207,7 +209,7 @@ class ReplicaSimulation:
         fsync_delay_ms_max: int = 30,
         heal_steps_max: int = 400,
     ) -> None:
-        assert replicas >= 1 and 1 <= min_insync_replicas <= replicas and steps >= 0
+        assert 2 <= replicas <= 9 and 1 <= min_insync_replicas <= replicas and steps >= 0
         self.seed = seed
         self.steps = steps
         self.min_insync_replicas = min_insync_replicas
