@@ -243,7 +243,7 @@ class ReplicaSimulation:
         self._healing = False
         self._count: dict[str, int] = dict.fromkeys(ReplicaStatistics.__dataclass_fields__, 0)
         for replica in self._replicas.values():
-            self._restart(replica, 0)
+            self._start(replica, 0)
         self._elected_session = self._replicas[ids[0]].session
         for replica in self._replicas.values():
             self._learn(replica, 0)
@@ -335,14 +335,12 @@ class ReplicaSimulation:
         self._count["crashes"] += 1
         self._count["records_lost_in_crashes"] += before - replica.log.log_end_offset
 
-    def _restart(self, replica: _Replica, now: int) -> None:
-        """Back as a follower, in a new session, never as the leader it was (KIP-966)."""
+    def _start(self, replica: _Replica, now: int) -> None:
+        """Up as a follower, in a new session, never as the leader it was (KIP-966)."""
         replica.role = next_role(replica.role, ReplicaRole.FOLLOWER)
         replica.session = self._next_session
         self._next_session += 1
         replica.lease_expiry_ms = now + self.lease_timeout_ms
-        if now:
-            self._count["restarts"] += 1
 
     # -- a replica's own moves ----------------------------------------------------------------
 
@@ -354,7 +352,8 @@ class ReplicaSimulation:
                 self._crash(replica, now)
         if replica.role is ReplicaRole.OFFLINE:
             if now >= replica.restart_ms:
-                self._restart(replica, now)
+                self._start(replica, now)
+                self._count["restarts"] += 1
                 if self._connected(replica, now):
                     self._learn(replica, now)  # a node reads the control plane as it starts
             return
