@@ -109,3 +109,13 @@ def test_a_cluster_whose_control_plane_or_role_moved_answers_a_retryable_503(
     reply = protocol_error(cls("etcd get failed: the members did not answer"))
     assert (reply.status, reply.code, reply.internal) == (503, "ServerBusy", False)
     assert "etcd" in reply.message
+
+
+def test_the_drawing_in_the_protocol_doc_is_the_error_trees_docstring() -> None:
+    """docs/protocol.md copies the drawing of ``loghub.errors``; a class added to one and
+    not the other (as three coordination classes once were) fails here."""
+    drawing = errors.__doc__.split("\n\n    LogHubError", 1)[1].split("\n\nEach layer", 1)[0]
+    source = ("    LogHubError" + drawing).splitlines()
+    doc = (ROOT / "docs" / "protocol.md").read_text()
+    copied = doc.split("source of this drawing):\n\n```\n", 1)[1].split("\n```", 1)[0]
+    assert copied.splitlines() == source
