@@ -102,15 +102,23 @@ class NodeInfo:
 
 async def read_nodes(store: EtcdStore) -> dict[str, NodeInfo]:
     """The registered nodes (the ones whose lease is alive), by id, with their drain marks."""
-    draining = {e.key.removeprefix(DRAIN_PREFIX) for e in await store.get_prefix(DRAIN_PREFIX)}
+    return (await read_nodes_at(store))[0]
+
+
+async def read_nodes_at(store: EtcdStore) -> tuple[dict[str, NodeInfo], int]:
+    """``read_nodes``, and a store revision no newer than either of its two reads (a watch
+    of either prefix from the next revision misses no change made after them)."""
+    drains, drains_revision = await store.read_prefix(DRAIN_PREFIX)
+    draining = {e.key.removeprefix(DRAIN_PREFIX) for e in drains}
+    registered, nodes_revision = await store.read_prefix(NODES_PREFIX)
     nodes = {}
-    for entry in await store.get_prefix(NODES_PREFIX):
+    for entry in registered:
         node_id = entry.key.removeprefix(NODES_PREFIX)
         info = NodeInfo.decode(node_id, entry.value)
         if node_id in draining and not info.draining:
             info = replace(info, draining=True)
         nodes[node_id] = info
-    return nodes
+    return nodes, min(drains_revision, nodes_revision)
 
 
 class NodeMembership:
