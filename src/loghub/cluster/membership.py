@@ -58,6 +58,9 @@ CONTROLLER_KEY = "/loghub/controller"
 
 
 _BROKER_ID_MAX = 2**31 - 1
+# the longest a starting node waits for its predecessor's lease to end (the lease's TTL is
+# the predecessor's --node-ttl-s, which a restart may have changed)
+join_wait_s_max = 60
 
 
 def kafka_broker_id(node_id: str) -> int:
@@ -157,6 +160,7 @@ class NodeMembership:
         # before registering, so that a node refused never shows up to the controller (which
         # would move shards to it); and again after, for two nodes starting at once
         await self._check_broker_id()
+        await self._wait_for_predecessor()
         started = self._monotonic()
         self.lease = await self.store.grant_lease(self.ttl_s)
         entry = await self.store.create(self.key, self.info.encode(), self.lease)
@@ -173,6 +177,29 @@ class NodeMembership:
         except BaseException:
             await self.stop()
             raise
+
+    async def _wait_for_predecessor(self) -> None:
+        """A node started again soon after it died (a supervisor's restart) finds its id
+        still registered under its old lease, which etcd ends only a TTL after the last
+        refresh: it waits for that end, as long as the lease had left when first looked at
+        (never longer than ``join_wait_s_max``), rather than exit. A live node with the same
+        id keeps refreshing its lease, so the key is still there after the wait, and the
+        start is refused then."""
+        deadline: float | None = None
+        while (holder := await self.store.get(self.key)) is not None:
+            if deadline is None:
+                left_s = await self.store.lease_ttl_left_s(holder.lease) if holder.lease else 0
+                # etcd answers whole seconds, rounded down, and ends expired leases on a
+                # check of its own every half second or so: a second more for each
+                wait_s = min(max(left_s, 0) + 1.0, join_wait_s_max) + 1.0
+                deadline = self._monotonic() + wait_s
+                log.warning(
+                    "node %s: its id is still registered (a lease with %d s left); waiting "
+                    "for it to end", self.info.node_id, left_s,
+                )  # fmt: skip
+            if self._monotonic() >= deadline:
+                return  # the create below refuses the start
+            await asyncio.sleep(0.2)
 
     async def _check_broker_id(self) -> None:
         """Refuses a Kafka broker id that another live node with a Kafka listener has. Read
