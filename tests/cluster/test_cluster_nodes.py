@@ -22,6 +22,9 @@ from aliyun.log import LogClient, LogItem, PutLogsRequest
 from cluster_nodes import NODE_TTL_S, LogHubCluster, running_cluster
 from server_process import ServerProcess
 
+from loghub.client import LogHubClient
+from loghub.errors import ServerBusy
+
 KEYS = {"ak": "sk"}
 PROJECT = "clustered"
 
@@ -311,13 +314,23 @@ def test_writes_go_on_while_the_etcd_leader_is_killed(cluster: LogHubCluster) ->
 
 def test_a_node_paused_past_its_lease_rejoins(cluster: LogHubCluster) -> None:
     """SIGSTOP longer than the TTL: the cluster succeeds the node's shards; woken, the node
-    finds its lease gone, joins again with a new one, and seals what was succeeded."""
+    finds its lease gone, joins again with a new one, and seals what was succeeded. A request
+    another node forwarded to it meanwhile is answered 503 once the node's lease has ended,
+    not left waiting for the forward's timeout (a minute) as a paused kernel lets it."""
     cluster.wait_placed()
     controller = cluster.status()["controller"]
     index = next(i for i in range(3) if f"n{i}" != controller)
     node = cluster.nodes[index]
+    held = [k for k, v in placement_owners(cluster, "spread").items() if v == f"n{index}"]
+    entry = cluster.nodes[next(i for i in range(3) if i != index)]
     node.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
     try:
+        paused = time.monotonic()
+        client = LogHubClient(entry.endpoint, *next(iter(KEYS.items())), timeout_s=30)
+        with client, pytest.raises(ServerBusy, match="left the cluster"):
+            client.get_cursor(PROJECT, "spread", held[0], "begin")
+        answered_after_s = time.monotonic() - paused
+        assert answered_after_s < NODE_TTL_S + 3, answered_after_s
         deadline = time.monotonic() + NODE_TTL_S + 10
         while f"n{index}" in {n["node"] for n in cluster.status()["nodes"]}:  # type: ignore[attr-defined]
             assert time.monotonic() < deadline

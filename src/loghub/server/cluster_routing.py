@@ -55,6 +55,8 @@ _NOT_FORWARDED = {
 _NOT_RETURNED = _NOT_FORWARDED | {"date", "server"}
 # how long a request for a shard not placed yet waits for the controller to place it
 placement_wait_s = 3.0
+# how often a forward that waits for its answer looks whether its node is still in the cluster
+_FORWARD_NODE_CHECK_S = 0.25
 # how often a node checks whether it was drained (and then hands its groups over)
 _DRAIN_CHECK_S = 0.5
 # the longest a group operation waits for etcd (the store's own retry budget is 6 s)
@@ -357,7 +359,9 @@ class ClusterRouting:
         if query_string:
             url += "?" + query_string.decode("latin-1")
         try:
-            reply = await self._client.request(method, url, headers=sent, content=body)
+            reply = await self._while_node_lives(
+                node, self._client.request(method, url, headers=sent, content=body)
+            )
         except httpx.HTTPError as exc:
             log.warning("forwarding %s %s to node %s failed: %r", method, raw_path,
                         node.node_id, exc)  # fmt: skip
@@ -371,6 +375,30 @@ class ClusterRouting:
         }
         returned.setdefault("x-log-requestid", request_id)
         return Response(reply.content, status_code=reply.status_code, headers=returned)
+
+    async def _while_node_lives(
+        self, node: NodeInfo, call: Coroutine[Any, Any, httpx.Response]
+    ) -> httpx.Response:
+        """The answer of a call to ``node``, or ServerBusy once the node has left the
+        cluster's view (its lease ended: killed, paused or cut off for a TTL). A connection
+        to a paused node is accepted by its kernel and never answered, so without this a
+        forwarded request would wait for the forward timeout (a minute), and its client
+        with it, although the cluster moved on after the TTL."""
+        assert self.agent is not None
+        agent = self.agent
+        task = asyncio.ensure_future(call)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=_FORWARD_NODE_CHECK_S)
+                if done:
+                    return task.result()
+                if node.node_id not in agent.nodes:
+                    raise ServerBusy(
+                        f"node {node.node_id}, which serves this request, left the cluster "
+                        "while it waited for the answer; try again"
+                    )
+        finally:
+            task.cancel()
 
     # --- shard logs on other nodes (``service.RemoteLogs``; called from storage threads) ---
 
