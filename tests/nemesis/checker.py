@@ -38,7 +38,7 @@ from typing import Any
 
 from history import Op, complete
 
-__all__ = ["FailoverFigure", "Report", "check", "format_report", "percentile"]
+__all__ = ["FailoverFigure", "Report", "check", "check_torn_tails", "format_report", "percentile"]
 
 Position = tuple[int, int, int]
 Observation = tuple[int, int, int, str]
@@ -77,6 +77,8 @@ class Report:
     reads_above_final_hw: list[str] = field(default_factory=list)
     failover: list[FailoverFigure] = field(default_factory=list)
     longest_ack_gap_s: float = 0.0
+    torn_tails_cut_right: int = 0
+    torn_tails_wrong: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -108,6 +110,8 @@ class Report:
                 "p50": percentile(known, 50), "max": percentile(known, 100),
             },
             "longest_ack_gap_s": round(self.longest_ack_gap_s, 2),
+            "torn_tails": {"cut_right": self.torn_tails_cut_right,
+                           "wrong": len(self.torn_tails_wrong)},
         }  # fmt: skip
 
 
@@ -233,6 +237,26 @@ def _failover(report: Report, ops: list[Op], writes: list[tuple[Op, Op]]) -> Non
         )
 
 
+def check_torn_tails(report: Report, ops: list[Op], server_logs: dict[str, str]) -> None:
+    """Each torn tail must have been cut exactly where the intact records ended: at the
+    file's length before the torn record was appended. The server logs each cut as
+    ``<file>: cut N bytes at position P``; a cut elsewhere took intact records with it (or
+    left torn bytes behind)."""
+    for op in ops:
+        torn = op.detail.get("torn") if op.process == "nemesis" and op.type == "ok" else None
+        if not torn:
+            continue
+        text = server_logs.get(str(op.detail.get("node")), "")
+        marker = f"{torn['file']}: cut "
+        cuts = [line.split(marker, 1)[1] for line in text.splitlines() if marker in line]
+        expected = f"at position {torn['file_bytes_before']} "
+        if any(expected in cut for cut in cuts):
+            report.torn_tails_cut_right += 1
+        else:
+            report.torn_tails_wrong.append(f"{torn['file']}: expected a cut {expected}, "
+                                           f"the server logged {cuts or 'no cut'}")  # fmt: skip
+
+
 def _examples(values: list[str]) -> str:
     shown = ", ".join(values[:EXAMPLES_MAX])
     return shown + (f" ... ({len(values)} in all)" if len(values) > EXAMPLES_MAX else "")
@@ -281,6 +305,9 @@ def format_report(report: Report) -> str:
         + (f"  e.g. {_examples(report.reads_above_final_hw)}" if report.reads_above_final_hw
            else ""),
         f"  longest gap between acknowledged writes: {report.longest_ack_gap_s:.2f} s",
+        f"  torn tails cut where the intact records end: {report.torn_tails_cut_right}, "
+        f"elsewhere: {len(report.torn_tails_wrong)}",
+        *[f"    {wrong}" for wrong in report.torn_tails_wrong],
     ]  # fmt: skip
     if report.failover:
         lines.append("  failover (fault -> first ack; in the victim's ranges; longest gap there):")

@@ -202,6 +202,17 @@ def tear_tail(shard_dir: Path, rng: random.Random) -> dict[str, Any] | None:
             "file_bytes_before": len(data), "garbage_before": len(data) - position}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Injection:
+    """One fault as drawn: what, on which node, for how long, and its own generator."""
+
+    kind: str
+    target: int
+    hold_s: float
+    rng: random.Random
+    detail: dict[str, Any]
+
+
 @dataclass
 class Nemesis:
     """Injects faults from ``rng`` until ``stop_ns``; ``heal`` then brings everything back.
@@ -227,9 +238,11 @@ class Nemesis:
             kind = self.rng.choice(self.faults)
             target = self.rng.randrange(len(self.cluster.nodes))
             hold_s = self.rng.uniform(1.0, NODE_TTL_S + 3.0)
-            self.inject(kind, target, hold_s)
+            # a fault's own draws (a direction, the bytes to tear) come from a generator of
+            # its own: what the cluster's state decides for one fault never shifts the next
+            self.inject(kind, target, hold_s, random.Random(self.rng.getrandbits(64)))
 
-    def inject(self, kind: str, target: int, hold_s: float) -> None:
+    def inject(self, kind: str, target: int, hold_s: float, rng: random.Random) -> None:
         assert kind in FAULTS, kind
         if kind == "kill_busiest":
             target = self.busiest()
@@ -242,9 +255,8 @@ class Nemesis:
         self.injected.append(kind)
         at_s = (started.time_ns - self.started_ns) / 1e9
         self.log(f"  {at_s:6.1f} s: {kind} {detail['node']} for {hold_s:.1f} s")
-        lifted = getattr(self, f"_{kind.removesuffix('_busiest').removesuffix('_oneway')}")(
-            target, hold_s, kind, detail
-        )
+        act = getattr(self, f"_{kind.removesuffix('_busiest').removesuffix('_oneway')}")
+        lifted = act(Injection(kind, target, hold_s, rng, detail))
         self.history.append(Op("nemesis", "ok", kind, now_ns(), detail=lifted or detail))
 
     def busiest(self) -> int:
@@ -277,65 +289,62 @@ class Nemesis:
 
     # -- the faults: each returns the detail to record when lifted (None: as when started) --
 
-    def _kill_node(self, target: int, hold_s: float, kind: str, detail: dict[str, Any]) -> None:
-        self.cluster.nodes[target].kill()
-        self.killed.add(target)
-        time.sleep(hold_s)
-        self._restart(target)
+    def _kill_node(self, fault: Injection) -> None:
+        self.cluster.nodes[fault.target].kill()
+        self.killed.add(fault.target)
+        time.sleep(fault.hold_s)
+        self._restart(fault.target)
 
-    def _torn_tail(
-        self, target: int, hold_s: float, kind: str, detail: dict[str, Any]
-    ) -> dict[str, Any]:
-        node = self.cluster.nodes[target]
+    def _torn_tail(self, fault: Injection) -> dict[str, Any]:
+        node = self.cluster.nodes[fault.target]
         node.kill()
-        self.killed.add(target)
-        shard_dirs = [p.parent for p in node.data_dir.glob(f"{PROJECT}/{LOGSTORE}-*/*/*.log")]
+        self.killed.add(fault.target)
+        logs = node.data_dir.glob(f"**/{PROJECT}/{LOGSTORE}-*/*/*.log")
+        shard_dirs = [p.parent for p in logs]
         shard_dirs = sorted(set(shard_dirs), key=lambda p: (-_newest_mtime_ns(p), str(p)))
         torn = None
         for shard_dir in shard_dirs:  # the shard written last first
-            torn = tear_tail(shard_dir, self.rng)
+            torn = tear_tail(shard_dir, fault.rng)
             if torn is not None:
                 break
-        time.sleep(hold_s)
-        self._restart(target)
-        return {**detail, "torn": torn}
+        time.sleep(fault.hold_s)
+        self._restart(fault.target)
+        return {**fault.detail, "torn": torn}
 
-    def _pause_node(self, target: int, hold_s: float, kind: str, detail: dict[str, Any]) -> None:
-        pid = self.cluster.nodes[target].pid
+    def _pause_node(self, fault: Injection) -> None:
+        pid = self.cluster.nodes[fault.target].pid
         os.kill(pid, signal.SIGSTOP)
-        self.paused.add(target)
-        time.sleep(hold_s)
+        self.paused.add(fault.target)
+        time.sleep(fault.hold_s)
         os.kill(pid, signal.SIGCONT)
-        self.paused.discard(target)
+        self.paused.discard(fault.target)
 
-    def _kill_etcd_leader(
-        self, target: int, hold_s: float, kind: str, detail: dict[str, Any]
-    ) -> dict[str, Any]:
+    def _kill_etcd_leader(self, fault: Injection) -> dict[str, Any]:
         etcd = self.cluster.etcd
         leader = etcd.leader()
         etcd.kill(leader)
         index = etcd.members.index(leader)
         self.etcd_down.add(index)
-        time.sleep(hold_s)
+        time.sleep(fault.hold_s)
         etcd.start(leader, "existing")
         etcd.wait_healthy()
         self.etcd_down.discard(index)
-        return {**detail, "node": leader.name}
+        return {**fault.detail, "node": leader.name}
 
-    def _partition_etcd(
-        self, target: int, hold_s: float, kind: str, detail: dict[str, Any]
-    ) -> dict[str, Any]:
-        direction = self.rng.choice(("up", "down")) if kind.endswith("oneway") else "both"
+    def _partition_etcd(self, fault: Injection) -> dict[str, Any]:
+        direction = fault.rng.choice(("up", "down")) if fault.kind.endswith("oneway") else "both"
         assert self.cluster.proxies is not None
-        self.cluster.proxies.cut(self.cluster.etcd_links(target), direction)
-        time.sleep(hold_s)
+        self.cluster.proxies.cut(self.cluster.etcd_links(fault.target), direction)
+        time.sleep(fault.hold_s)
         self.cluster.proxies.heal()
-        return {**detail, "direction": direction}
+        return {**fault.detail, "direction": direction}
 
-    def _isolate_node(self, target: int, hold_s: float, kind: str, detail: dict[str, Any]) -> None:
+    def _isolate_node(self, fault: Injection) -> None:
         assert self.cluster.proxies is not None
-        self.cluster.proxies.cut([f"n{target}", *self.cluster.etcd_links(target)], "both")
-        time.sleep(hold_s)
+        self.cluster.proxies.cut(
+            [f"n{fault.target}", *self.cluster.etcd_links(fault.target)], "both"
+        )
+        time.sleep(fault.hold_s)
         self.cluster.proxies.heal()
 
     def _restart(self, target: int) -> None:

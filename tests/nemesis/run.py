@@ -20,6 +20,7 @@ Exit status 1 when a run lost an acknowledged write or gave one position two val
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -35,7 +36,7 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(_HERE))
 
-from checker import Report, check, format_report, percentile  # noqa: E402
+from checker import Report, check, check_torn_tails, format_report, percentile  # noqa: E402
 from clients import KEYS, LOGSTORE, PROJECT, read_everything  # noqa: E402
 from history import HistoryFile, now_ns, read_history  # noqa: E402
 from nemesis import FAULTS, Nemesis, ProxiedCluster, proxied_cluster  # noqa: E402
@@ -131,8 +132,13 @@ def run_once(options: Options, log: Callable[[str], None] = print) -> RunResult:
                 finally:
                     _stop_clients(procs)
             finals = [read_everything(node.endpoint) for node in cluster.nodes]
+        for index, final in enumerate(finals):  # kept with the histories, for a diagnosis
+            (base / f"final-read-n{index}.json").write_text(json.dumps(final.observations))
         ops = read_history(sorted(base.glob("history-*.jsonl")))
         report = check(ops, [o for final in finals for o in final.observations])
+        server_logs = {f"n{i}": node.log_path.read_text(errors="replace")
+                       for i, node in enumerate(cluster.nodes)}  # fmt: skip
+        check_torn_tails(report, ops, server_logs)
         for index, final in enumerate(finals):
             report.notes += [f"final read through n{index}: shard {s} unreadable: {e}"
                              for s, e in final.unreadable.items()]  # fmt: skip
@@ -147,12 +153,16 @@ def run_once(options: Options, log: Callable[[str], None] = print) -> RunResult:
     if not report.valid or options.keep is not None:
         kept = options.keep or Path(tempfile.gettempdir()) / f"loghub-nemesis-kept-{options.seed}"
         shutil.rmtree(kept, ignore_errors=True)
-        shutil.copytree(
-            base, kept, ignore=shutil.ignore_patterns("*.log", "*.index", "*.timeindex")
-        )
+        shutil.copytree(base, kept, ignore=_segment_files)
         result.kept = kept
     shutil.rmtree(base, ignore_errors=True)
     return result
+
+
+def _segment_files(directory: str, names: list[str]) -> set[str]:
+    """The shards' files, left out of a kept run (its histories and server logs are kept)."""
+    del directory
+    return {n for n in names if n.split(".")[0].isdigit() and len(n.split(".")[0]) == 20}
 
 
 def total(results: list[RunResult]) -> dict[str, object]:
