@@ -70,6 +70,8 @@ FAULTS = (
     "partition_etcd_oneway",
     "isolate_node",
 )
+# faults that are a variant of another: the same action, another target or direction
+ACTIONS = {"kill_busiest": "_kill_node", "partition_etcd_oneway": "_partition_etcd"}
 GAP_BETWEEN_FAULTS_S = (1.0, 3.0)
 SEGMENT_HEADER = struct.Struct(">4sHHI")
 RECORD_HEADER = struct.Struct(">BBIQQII")
@@ -255,7 +257,7 @@ class Nemesis:
         self.injected.append(kind)
         at_s = (started.time_ns - self.started_ns) / 1e9
         self.log(f"  {at_s:6.1f} s: {kind} {detail['node']} for {hold_s:.1f} s")
-        act = getattr(self, f"_{kind.removesuffix('_busiest').removesuffix('_oneway')}")
+        act = getattr(self, ACTIONS.get(kind, f"_{kind}"))
         lifted = act(Injection(kind, target, hold_s, rng, detail))
         self.history.append(Op("nemesis", "ok", kind, now_ns(), detail=lifted or detail))
 
