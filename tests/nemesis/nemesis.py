@@ -110,6 +110,9 @@ class Proxies:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 @dataclass

@@ -81,15 +81,16 @@ def _start_clients(
     procs = []
     for command in commands:
         name = command[-1] if command[1] == "writer" else "reader"
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, *command, "--nodes", nodes, "--seed", str(options.seed),
-                 "--history", str(base / f"history-{name}.jsonl")],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=open(base / f"{name}.err", "wb"),  # noqa: SIM115 (the child owns it)
-            )
-        )  # fmt: skip
+        with open(base / f"{name}.err", "wb") as errors:  # the child keeps its own copy
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, *command, "--nodes", nodes, "--seed", str(options.seed),
+                     "--history", str(base / f"history-{name}.jsonl")],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=errors,
+                )
+            )  # fmt: skip
     return procs
 
 
