@@ -61,11 +61,16 @@ def test_two_values_at_one_position_are_an_inconsistent_offset() -> None:
     assert report.unexpected == ["x"]
 
 
-def test_duplicates_are_counted_per_client_kind_and_unknown_values_apart() -> None:
-    ops = write("sdk-0", 10, "ok", "s1", client="sdk") + write("loghub-0", 20, "ok", "l1")
+def test_duplicates_are_counted_per_client_kind_and_traced_to_the_clients_retry() -> None:
+    sdk_retried = Op("sdk-0", "ok", "write", 11, ("s1",), "sdk", "n0", "00" * 16,
+                     detail={"retried_after": ["ServerBusy 503"]})  # fmt: skip
+    ops = [write("sdk-0", 10, "ok", "s1", client="sdk")[0], sdk_retried]
+    ops += write("loghub-0", 20, "ok", "l1")
     final = [(0, 0, 0, "s1"), (0, 1, 0, "s1"), (1, 0, 0, "l1"), (1, 1, 0, "l1"), (1, 2, 0, "zz")]
     report = check(ops, final)
     assert report.duplicates == {"sdk": ["s1"], "loghub": ["l1"]}
+    assert report.duplicates_retried == {"ServerBusy 503": 1}
+    assert report.duplicates_unexplained == ["l1 (ok) at shard 1 seq 0, shard 1 seq 1"]
     assert report.unexpected == ["zz"]
     assert report.valid  # a duplicate is not a lost write: reported, but not a failure
 

@@ -67,6 +67,8 @@ class Report:
     lost: list[str] = field(default_factory=list)
     inconsistent: dict[Position, list[str]] = field(default_factory=dict)
     duplicates: dict[str, list[str]] = field(default_factory=dict)  # client kind -> values
+    duplicates_retried: Counter[str] = field(default_factory=Counter)  # errors -> count
+    duplicates_unexplained: list[str] = field(default_factory=list)  # no retry to explain
     unexpected: list[str] = field(default_factory=list)
     failed_but_present: list[str] = field(default_factory=list)
     info_found: int = 0
@@ -98,6 +100,7 @@ class Report:
             "lost": len(self.lost),
             "inconsistent_offsets": len(self.inconsistent),
             "duplicates": {kind: len(v) for kind, v in sorted(self.duplicates.items())},
+            "duplicates_unexplained": len(self.duplicates_unexplained),
             "unexpected": len(self.unexpected),
             "failed_but_present": len(self.failed_but_present),
             "info_found": self.info_found,
@@ -174,12 +177,21 @@ def _outcomes(
 def _duplicates_and_unexpected(
     report: Report, writes: list[tuple[Op, Op]], final_places: dict[str, set[Position]]
 ) -> None:
-    kind_of = {value: invoke.client for invoke, _ in writes for value in invoke.values}
+    op_of = {value: (invoke, done) for invoke, done in writes for value in invoke.values}
     for value, places in sorted(final_places.items()):
-        if value not in kind_of:
+        if value not in op_of:
             report.unexpected.append(value)
-        elif len(places) > 1:
-            report.duplicates.setdefault(kind_of[value] or "?", []).append(value)
+            continue
+        if len(places) < 2:
+            continue
+        invoke, done = op_of[value]
+        report.duplicates.setdefault(invoke.client or "?", []).append(value)
+        retried = done.detail.get("retried_after")
+        if retried:  # the client sent it again after an error: the first one was written
+            report.duplicates_retried[" then ".join(retried)] += 1
+        else:
+            where = ", ".join(f"shard {s} seq {q}" for s, q, _ in sorted(places))
+            report.duplicates_unexplained.append(f"{value} ({done.type}) at {where}")
 
 
 def _reads(
@@ -288,6 +300,9 @@ def format_report(report: Report) -> str:
         values = report.duplicates.get(kind, [])
         lines.append(f"  duplicates ({kind}):{' ' * (11 - len(kind))}{len(values)}"
                      + (f"  e.g. {_examples(values)}" if values else ""))  # fmt: skip
+    for errors, count in report.duplicates_retried.most_common(EXAMPLES_MAX):
+        lines.append(f"    {count} written again by the client's own retry after {errors}")
+    lines += [f"    no retry explains {d}" for d in report.duplicates_unexplained[:EXAMPLES_MAX]]
     lines += [
         f"  unexpected values:        {len(report.unexpected)}"
         + (f"  e.g. {_examples(report.unexpected)}" if report.unexpected else ""),

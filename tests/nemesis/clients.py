@@ -65,23 +65,41 @@ def _stop(_signum: int, _frame: FrameType | None) -> None:
     _stopping = True
 
 
-def _put_loghub(endpoint: str) -> Callable[[list[str], str], None]:
+Put = Callable[[list[str], str, list[str]], None]
+
+
+def _put_loghub(endpoint: str) -> Put:
     client = LogHubClient(endpoint, *next(iter(KEYS.items())), timeout_s=OP_TIMEOUT_S)
 
-    def put(values: list[str], hash_key: str) -> None:
+    def put(values: list[str], hash_key: str, retried_after: list[str]) -> None:
+        del retried_after  # LogHub's client does not retry a write by itself
         group = make_log_group([(int(time.time()), {"v": value}) for value in values])
         client.put_log_group(PROJECT, LOGSTORE, group, hash_key=hash_key)
 
     return put
 
 
-def _put_sdk(endpoint: str) -> Callable[[list[str], str], None]:
+def _put_sdk(endpoint: str) -> Put:
+    """The SDK's put; the errors of the attempts it retried by itself are noted in
+    ``retried_after``, so that a duplicate can be traced to its retry."""
     from aliyun.log import LogClient, LogItem, PutLogsRequest
 
     client = LogClient(endpoint, *next(iter(KEYS.items())))
     client.timeout = OP_TIMEOUT_S
+    attempts: list[str] = []
+    send = client._sendRequest
 
-    def put(values: list[str], hash_key: str) -> None:
+    def noted(*args: object, **kwargs: object) -> object:
+        try:
+            return send(*args, **kwargs)
+        except Exception as exc:
+            attempts.append(classify(exc)[1])
+            raise
+
+    client._sendRequest = noted
+
+    def put(values: list[str], hash_key: str, retried_after: list[str]) -> None:
+        attempts.clear()
         # one process, one op at a time: the environment is this op's to set
         os.environ["HTTP_PROXY"] = os.environ["http_proxy"] = f"http://{endpoint}"
         items = []
@@ -90,7 +108,10 @@ def _put_sdk(endpoint: str) -> Callable[[list[str], str], None]:
             item.set_time(int(time.time()))
             item.set_contents([("v", value)])
             items.append(item)
-        client.put_logs(PutLogsRequest(PROJECT, LOGSTORE, "", "", items, hashKey=hash_key))
+        try:
+            client.put_logs(PutLogsRequest(PROJECT, LOGSTORE, "", "", items, hashKey=hash_key))
+        finally:
+            retried_after += attempts
 
     return put
 
@@ -130,17 +151,19 @@ def run_writer(
         hash_key = f"{rng.getrandbits(128):032x}"
         invoke = Op(process, "invoke", "write", now_ns(), tuple(values), kind, f"n{node}", hash_key)
         history.append(invoke)
+        retried: list[str] = []
         try:
-            puts[node](values, hash_key)
+            puts[node](values, hash_key, retried)
         except Exception as exc:  # any failure is recorded, never raised: the run goes on
             outcome, text = classify(exc)
             history.append(Op(process, outcome, "write", now_ns(), invoke.values, kind,  # type: ignore[arg-type]
-                              invoke.node, hash_key, error=text))  # fmt: skip
+                              invoke.node, hash_key, error=text,
+                              detail={"retried_after": retried} if retried else {}))  # fmt: skip
             avoid = node
             continue
-        history.append(
-            Op(process, "ok", "write", now_ns(), invoke.values, kind, invoke.node, hash_key)
-        )
+        noted = {"retried_after": retried} if retried else {}
+        history.append(Op(process, "ok", "write", now_ns(), invoke.values, kind, invoke.node,
+                          hash_key, detail=noted))  # fmt: skip
         avoid = -1
         time.sleep(rng.uniform(*PAUSE_BETWEEN_OPS_S))
 
