@@ -34,11 +34,20 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from history import Op, complete
 
-__all__ = ["FailoverFigure", "Report", "check", "check_torn_tails", "format_report", "percentile"]
+__all__ = [
+    "FailoverFigure",
+    "Report",
+    "check",
+    "check_handovers",
+    "check_torn_tails",
+    "format_report",
+    "percentile",
+]
 
 Position = tuple[int, int, int]
 Observation = tuple[int, int, int, str]
@@ -65,6 +74,7 @@ class Report:
     by_kind: dict[str, Counter[str]] = field(default_factory=dict)  # client -> outcome -> n
     acked_values: int = 0
     lost: list[str] = field(default_factory=list)
+    lost_during_handover: list[str] = field(default_factory=list)  # see check_handovers
     inconsistent: dict[Position, list[str]] = field(default_factory=dict)
     duplicates: dict[str, list[str]] = field(default_factory=dict)  # client kind -> values
     duplicates_retried: Counter[str] = field(default_factory=Counter)  # errors -> count
@@ -98,6 +108,7 @@ class Report:
             "by_client": {k: dict(c) for k, c in sorted(self.by_kind.items())},
             "acked_values": self.acked_values,
             "lost": len(self.lost),
+            "lost_during_handover": len(self.lost_during_handover),
             "inconsistent_offsets": len(self.inconsistent),
             "duplicates": {kind: len(v) for kind, v in sorted(self.duplicates.items())},
             "duplicates_unexplained": len(self.duplicates_unexplained),
@@ -249,6 +260,38 @@ def _failover(report: Report, ops: list[Op], writes: list[tuple[Op, Op]]) -> Non
         )
 
 
+HANDOVER_MARK = " takes its range on "
+HANDOVER_SLACK_NS = 1_000_000_000
+
+
+def check_handovers(report: Report, ops: list[Op], server_logs: dict[str, str]) -> None:
+    """Which lost writes were in flight while a node handed a shard over (the server logs
+    ``shard N sealed at E; shard M takes its range on n1``): a diagnosis, not an excuse.
+    Server logs carry wall-clock times; the history's ``clock`` op pairs the two clocks."""
+    clock = next((op for op in ops if op.f == "clock"), None)
+    if clock is None or not report.lost:
+        return
+    offset_ns = clock.time_ns - int(clock.detail["wall_ns"])
+    seals = []
+    for text in server_logs.values():
+        for line in text.splitlines():
+            if HANDOVER_MARK in line and " sealed at " in line:
+                try:
+                    wall = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+                except ValueError:
+                    continue
+                seals.append(int(wall.timestamp() * 1e9) + offset_ns)
+    lost = set(report.lost)
+    for invoke, done in complete(ops):
+        if invoke.f != "write" or not lost.intersection(invoke.values):
+            continue
+        if any(
+            invoke.time_ns - HANDOVER_SLACK_NS <= seal <= done.time_ns + HANDOVER_SLACK_NS
+            for seal in seals
+        ):
+            report.lost_during_handover += [v for v in invoke.values if v in lost]
+
+
 def check_torn_tails(report: Report, ops: list[Op], server_logs: dict[str, str]) -> None:
     """Each torn tail must have been cut exactly where the intact records ended: at the
     file's length before the torn record was appended. The server logs each cut as
@@ -294,6 +337,8 @@ def format_report(report: Report) -> str:
     ]
     if report.lost:
         lines.append(f"    lost: {_examples(report.lost)}")
+        lines.append(f"    of which in flight while a node handed a shard over: "
+                     f"{len(report.lost_during_handover)}")  # fmt: skip
     for position, values in list(report.inconsistent.items())[:EXAMPLES_MAX]:
         lines.append(f"    shard {position[0]} seq {position[1]} log {position[2]}: {values}")
     for kind in ("loghub", "sdk"):

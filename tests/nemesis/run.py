@@ -36,9 +36,16 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(_HERE))
 
-from checker import Report, check, check_torn_tails, format_report, percentile  # noqa: E402
+from checker import (  # noqa: E402
+    Report,
+    check,
+    check_handovers,
+    check_torn_tails,
+    format_report,
+    percentile,
+)
 from clients import KEYS, LOGSTORE, PROJECT, read_everything  # noqa: E402
-from history import HistoryFile, now_ns, read_history  # noqa: E402
+from history import HistoryFile, Op, now_ns, read_history  # noqa: E402
 from nemesis import FAULTS, Nemesis, ProxiedCluster, proxied_cluster  # noqa: E402
 
 from loghub.client import LogHubClient  # noqa: E402
@@ -122,6 +129,9 @@ def run_once(options: Options, log: Callable[[str], None] = print) -> RunResult:
                 client.create_logstore(PROJECT, LOGSTORE, shard_count=SHARDS)
             cluster.wait_placed(shards=SHARDS)
             with HistoryFile(base / "history-nemesis.jsonl") as history:
+                # the two clocks side by side: server logs are in wall-clock time
+                history.append(Op("nemesis", "info", "clock", now_ns(),
+                                  detail={"wall_ns": time.time_ns()}))  # fmt: skip
                 nemesis = Nemesis(
                     cluster, random.Random(options.seed), options.faults, history, log
                 )
@@ -140,6 +150,7 @@ def run_once(options: Options, log: Callable[[str], None] = print) -> RunResult:
         server_logs = {f"n{i}": node.log_path.read_text(errors="replace")
                        for i, node in enumerate(cluster.nodes)}  # fmt: skip
         check_torn_tails(report, ops, server_logs)
+        check_handovers(report, ops, server_logs)
         for index, final in enumerate(finals):
             report.notes += [f"final read through n{index}: shard {s} unreadable: {e}"
                              for s, e in final.unreadable.items()]  # fmt: skip
