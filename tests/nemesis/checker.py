@@ -199,7 +199,7 @@ def _duplicates_and_unexpected(
         report.duplicates.setdefault(invoke.client or "?", []).append(value)
         retried = done.detail.get("retried_after")
         if retried:  # the client sent it again after an error: the first one was written
-            report.duplicates_retried[" then ".join(retried)] += 1
+            report.duplicates_retried[_runs(retried)] += 1
         else:
             where = ", ".join(f"shard {s} seq {q}" for s, q, _ in sorted(places))
             report.duplicates_unexplained.append(f"{value} ({done.type}) at {where}")
@@ -310,6 +310,17 @@ def check_torn_tails(report: Report, ops: list[Op], server_logs: dict[str, str])
         else:
             report.torn_tails_wrong.append(f"{torn['file']}: expected a cut {expected}, "
                                            f"the server logged {cuts or 'no cut'}")  # fmt: skip
+
+
+def _runs(errors: list[str]) -> str:
+    """``a, a, a, b`` as ``a x3 then b``."""
+    parts: list[tuple[str, int]] = []
+    for error in errors:
+        if parts and parts[-1][0] == error:
+            parts[-1] = (error, parts[-1][1] + 1)
+        else:
+            parts.append((error, 1))
+    return " then ".join(e if n == 1 else f"{e} x{n}" for e, n in parts)
 
 
 def _examples(values: list[str]) -> str:

@@ -189,6 +189,7 @@ def total(results: list[RunResult]) -> dict[str, object]:
         "invalid_runs": sum(not r.report.valid for r in results),
         "acked_values": sum(r.report.acked_values for r in results),
         "lost": sum(len(r.report.lost) for r in results),
+        "lost_during_handover": sum(len(r.report.lost_during_handover) for r in results),
         "inconsistent_offsets": sum(len(r.report.inconsistent) for r in results),
         "duplicates": duplicates,
         "unexpected": sum(len(r.report.unexpected) for r in results),
