@@ -177,6 +177,20 @@ def _segment_files(directory: str, names: list[str]) -> set[str]:
     return {n for n in names if n.split(".")[0].isdigit() and len(n.split(".")[0]) == 20}
 
 
+def _by_fault(results: list[RunResult]) -> dict[str, dict[str, float | int | None]]:
+    times: dict[str, list[float]] = {}
+    never: dict[str, int] = {}
+    for result in results:
+        for figure in result.report.failover:
+            times.setdefault(figure.fault, [])
+            if figure.first_ack_in_ranges_s is None:
+                never[figure.fault] = never.get(figure.fault, 0) + 1
+            else:
+                times[figure.fault].append(figure.first_ack_in_ranges_s)
+    return {fault: {"n": len(t) + never.get(fault, 0), "p50": percentile(t, 50),
+                    "max": percentile(t, 100)} for fault, t in sorted(times.items())}  # fmt: skip
+
+
 def total(results: list[RunResult]) -> dict[str, object]:
     figures = [f.first_ack_in_ranges_s for r in results for f in r.report.failover]
     known = [f for f in figures if f is not None]
@@ -198,6 +212,7 @@ def total(results: list[RunResult]) -> dict[str, object]:
         "reads_above_final_hw": sum(len(r.report.reads_above_final_hw) for r in results),
         "failover_in_ranges_s": {"n": len(figures), "never": len(figures) - len(known),
                                  "p50": percentile(known, 50), "max": percentile(known, 100)},
+        "failover_in_ranges_by_fault_s": _by_fault(results),
         "node_crashes": sum(len(r.crashes) for r in results),
     }  # fmt: skip
 
