@@ -367,8 +367,8 @@ def format_report(report: Report) -> str:
         f"  indeterminate: {report.info_found} found, {report.info_partly_found} partly, "
         f"{report.info_not_found} not found",
     ]
-    for outcome, errors in sorted(report.info_errors.items()):
-        lines.append(f"    {outcome}: " + ", ".join(f"{e} x{n}" for e, n in errors.most_common(6)))
+    for outcome, counts in sorted(report.info_errors.items()):
+        lines.append(f"    {outcome}: " + ", ".join(f"{e} x{n}" for e, n in counts.most_common(6)))
     lines += [
         f"  read during the run, then lost: {len(report.read_then_lost)}"
         + (f"  e.g. {_examples(report.read_then_lost)}" if report.read_then_lost else ""),

@@ -37,6 +37,7 @@ from types import FrameType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from aliyun.log import LogException  # noqa: E402
 from history import HistoryFile, Op, now_ns  # noqa: E402
 
 from loghub.client import LogHubClient  # noqa: E402
@@ -85,9 +86,9 @@ def _put_sdk(endpoint: str) -> Put:
     from aliyun.log import LogClient, LogItem, PutLogsRequest
 
     client = LogClient(endpoint, *next(iter(KEYS.items())))
-    client.timeout = OP_TIMEOUT_S
+    client.timeout = OP_TIMEOUT_S  # type: ignore[assignment]  # the SDK takes seconds
     attempts: list[str] = []
-    send = client._sendRequest
+    send = client._sendRequest  # type: ignore[attr-defined]  # each attempt of its retry loop
 
     def noted(*args: object, **kwargs: object) -> object:
         try:
@@ -96,7 +97,7 @@ def _put_sdk(endpoint: str) -> Put:
             attempts.append(classify(exc)[1])
             raise
 
-    client._sendRequest = noted
+    client._sendRequest = noted  # type: ignore[attr-defined]
 
     def put(values: list[str], hash_key: str, retried_after: list[str]) -> None:
         attempts.clear()
@@ -123,7 +124,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
         code = getattr(exc, "code", "") or type(exc).__name__
         if exc.__cause__ is not None:  # a transport error: which one (timeout, reset...)
             code += f"/{type(exc.__cause__).__name__}"
-    elif hasattr(exc, "get_error_code"):
+    elif isinstance(exc, LogException):
         code = exc.get_error_code()
         if code == "LogRequestError":  # the SDK's wrapper of a connection error
             status = None

@@ -373,7 +373,8 @@ class Nemesis:
         for index in range(len(self.cluster.nodes)):
             if not self.cluster.alive(index):
                 if index not in self.killed:
-                    code = self.cluster.nodes[index].proc.returncode  # type: ignore[union-attr]
+                    proc = self.cluster.nodes[index].proc
+                    code = None if proc is None else proc.returncode
                     self.crashes.append(f"n{index} exited with {code} by itself")
                 self._restart(index)
         self.cluster.wait_placed(timeout_s=60)

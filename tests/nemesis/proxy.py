@@ -25,6 +25,7 @@ nodes' lease refreshes to etcd. The harness stops it by PID.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 from dataclasses import dataclass, field
@@ -100,9 +101,7 @@ async def main(upstreams: dict[str, int | None]) -> None:
     ports = {}
     servers = []
     for name, route in routes.items():
-        server = await asyncio.start_server(
-            lambda r, w, route=route: _serve(route, r, w), "127.0.0.1", 0
-        )
+        server = await asyncio.start_server(functools.partial(_serve, route), "127.0.0.1", 0)
         servers.append(server)
         ports[name] = server.sockets[0].getsockname()[1]
     print(json.dumps(ports), flush=True)
