@@ -39,6 +39,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +56,7 @@ from etcd import running_etcd  # noqa: E402
 from history import HistoryFile, Op, now_ns  # noqa: E402
 from server_process import ServerProcess  # noqa: E402
 
-from loghub.client import LogHubClient  # noqa: E402
+from loghub.client import LogHubClient, ShardInfo  # noqa: E402
 from loghub.errors import LogHubError  # noqa: E402
 
 __all__ = ["FAULTS", "Nemesis", "ProxiedCluster", "Proxies", "proxied_cluster"]
@@ -265,31 +266,31 @@ class Nemesis:
         self.history.append(Op("nemesis", "ok", kind, now_ns(), detail=lifted or detail))
 
     def busiest(self) -> int:
-        counts = {i: 0 for i in range(len(self.cluster.nodes))}
-        for shard_id, owner in self.cluster.owners(PROJECT, LOGSTORE).items():
-            del shard_id
-            index = int(owner.removeprefix("n"))
-            if index in counts:
-                counts[index] += 1
-        return max(counts, key=lambda i: (counts[i], -i))
+        """The node holding the most writable shards now (the lowest index of a tie)."""
+        counts = Counter(s.node for s in self.writable_shards())
+        return max(range(len(self.cluster.nodes)), key=lambda i: (counts[f"n{i}"], -i))
 
     def ranges_of(self, target: int) -> list[tuple[str, str]]:
         """The hash ranges of the writable shards ``target`` holds now (empty when no node
         answers): writes routed there wait for the failover."""
+        return [
+            (s.inclusive_begin_key, s.exclusive_end_key)
+            for s in self.writable_shards()
+            if s.node == f"n{target}"
+        ]
+
+    def writable_shards(self) -> list[ShardInfo]:
+        """The writable shards as the first node that answers lists them, with their
+        nodes; none when no node answers."""
         for index in range(len(self.cluster.nodes)):
             if not self.cluster.alive(index) or index in self.paused:
                 continue
             node = self.cluster.nodes[index]
             try:
                 with LogHubClient(node.endpoint, *next(iter(KEYS.items())), timeout_s=2) as c:
-                    shards = c.list_shards(PROJECT, LOGSTORE)
+                    return [s for s in c.list_shards(PROJECT, LOGSTORE) if s.writable]
             except LogHubError:
                 continue
-            return [
-                (s.inclusive_begin_key, s.exclusive_end_key)
-                for s in shards
-                if s.writable and s.node == f"n{target}"
-            ]
         return []
 
     # -- the faults: each returns the detail to record when lifted (None: as when started) --

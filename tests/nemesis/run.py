@@ -117,58 +117,61 @@ def _stop_clients(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def run_once(options: Options, log: Callable[[str], None] = print) -> RunResult:
+    """One run: cluster, clients, faults, heal, final reads, checks. A failed run keeps
+    its histories, final reads and server logs (not the shards' files); so does a run that
+    raised, whose directory is named in the log."""
     started = time.monotonic()
     base = Path(tempfile.mkdtemp(prefix="loghub-nemesis-"))
     log(f"run seed {options.seed} ({options.seconds:.0f} s, faults {','.join(options.faults)})")
-    procs: list[subprocess.Popen[bytes]] = []
     try:
-        (base / "cluster").mkdir()
-        with proxied_cluster(base / "cluster") as cluster:
-            with LogHubClient(cluster.nodes[0].endpoint, *next(iter(KEYS.items()))) as client:
-                client.create_project(PROJECT, "writes under faults")
-                client.create_logstore(PROJECT, LOGSTORE, shard_count=SHARDS)
-            cluster.wait_placed(shards=SHARDS)
-            with HistoryFile(base / "history-nemesis.jsonl") as history:
-                # the two clocks side by side: server logs are in wall-clock time
-                history.append(Op("nemesis", "info", "clock", now_ns(),
-                                  detail={"wall_ns": time.time_ns()}))  # fmt: skip
-                nemesis = Nemesis(
-                    cluster, random.Random(options.seed), options.faults, history, log
-                )
-                procs = _start_clients(cluster, options, base)
-                try:
-                    nemesis.run(now_ns() + int(options.seconds * 1e9))
-                    log("  healing")
-                    nemesis.heal(options.settle_s)
-                finally:
-                    _stop_clients(procs)
-            finals = [read_everything(node.endpoint) for node in cluster.nodes]
-        for index, final in enumerate(finals):  # kept with the histories, for a diagnosis
-            (base / f"final-read-n{index}.json").write_text(json.dumps(final.observations))
-        ops = read_history(sorted(base.glob("history-*.jsonl")))
-        report = check(ops, [o for final in finals for o in final.observations])
-        server_logs = {f"n{i}": node.log_path.read_text(errors="replace")
-                       for i, node in enumerate(cluster.nodes)}  # fmt: skip
-        check_torn_tails(report, ops, server_logs)
-        check_handovers(report, ops, server_logs)
-        for index, final in enumerate(finals):
-            report.notes += [f"final read through n{index}: shard {s} unreadable: {e}"
-                             for s, e in final.unreadable.items()]  # fmt: skip
-            report.notes += [f"final read through n{index}: {gap}" for gap in final.gaps]
-        result = RunResult(options.seed, report, nemesis.injected, nemesis.crashes)
-        report.notes += nemesis.crashes
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+        result = _run(options, base, log)
+    except BaseException:
+        log(f"  the run failed; its files are in {base}")
+        raise
     result.wall_s = time.monotonic() - started
-    if not report.valid or options.keep is not None:
+    if not result.report.valid or options.keep is not None:
         kept = options.keep or Path(tempfile.gettempdir()) / f"loghub-nemesis-kept-{options.seed}"
         shutil.rmtree(kept, ignore_errors=True)
         shutil.copytree(base, kept, ignore=_segment_files)
         result.kept = kept
     shutil.rmtree(base, ignore_errors=True)
     return result
+
+
+def _run(options: Options, base: Path, log: Callable[[str], None]) -> RunResult:
+    (base / "cluster").mkdir()
+    with proxied_cluster(base / "cluster") as cluster:
+        with LogHubClient(cluster.nodes[0].endpoint, *next(iter(KEYS.items()))) as client:
+            client.create_project(PROJECT, "writes under faults")
+            client.create_logstore(PROJECT, LOGSTORE, shard_count=SHARDS)
+        cluster.wait_placed(shards=SHARDS)
+        with HistoryFile(base / "history-nemesis.jsonl") as history:
+            # the two clocks side by side: server logs are in wall-clock time
+            history.append(Op("nemesis", "info", "clock", now_ns(),
+                              detail={"wall_ns": time.time_ns()}))  # fmt: skip
+            nemesis = Nemesis(cluster, random.Random(options.seed), options.faults, history, log)
+            procs = _start_clients(cluster, options, base)
+            try:
+                nemesis.run(now_ns() + int(options.seconds * 1e9))
+                log("  healing")
+                nemesis.heal(options.settle_s)
+            finally:
+                _stop_clients(procs)
+        finals = [read_everything(node.endpoint) for node in cluster.nodes]
+        server_logs = {f"n{i}": node.log_path.read_text(errors="replace")
+                       for i, node in enumerate(cluster.nodes)}  # fmt: skip
+    for index, final in enumerate(finals):  # kept with the histories, for a diagnosis
+        (base / f"final-read-n{index}.json").write_text(json.dumps(final.observations))
+    ops = read_history(sorted(base.glob("history-*.jsonl")))
+    report = check(ops, [o for final in finals for o in final.observations])
+    check_torn_tails(report, ops, server_logs)
+    check_handovers(report, ops, server_logs)
+    for index, final in enumerate(finals):
+        report.notes += [f"final read through n{index}: shard {s} unreadable: {e}"
+                         for s, e in final.unreadable.items()]  # fmt: skip
+        report.notes += [f"final read through n{index}: {gap}" for gap in final.gaps]
+    report.notes += nemesis.crashes
+    return RunResult(options.seed, report, nemesis.injected, nemesis.crashes)
 
 
 def _segment_files(directory: str, names: list[str]) -> set[str]:
