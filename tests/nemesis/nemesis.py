@@ -77,6 +77,7 @@ GAP_BETWEEN_FAULTS_S = (1.0, 3.0)
 SEGMENT_HEADER = struct.Struct(">4sHHI")
 RECORD_HEADER = struct.Struct(">BBIQQII")
 TORN_BYTES_MAX = 64
+RESTARTS_MAX = 3
 
 
 class Proxies:
@@ -233,6 +234,7 @@ class Nemesis:
     paused: set[int] = field(default_factory=set)
     etcd_down: set[int] = field(default_factory=set)
     crashes: list[str] = field(default_factory=list)  # nodes that died by themselves
+    restarts_refused: list[str] = field(default_factory=list)  # the old lease still alive
     injected: list[str] = field(default_factory=list)
     started_ns: int = field(default_factory=now_ns)
 
@@ -354,7 +356,18 @@ class Nemesis:
         self.cluster.proxies.heal()
 
     def _restart(self, target: int) -> None:
-        self.cluster.start_node(target)
+        """Starts a killed node again with its data. A node started within a TTL of its
+        death finds its old lease alive and exits ("node id ... is in use by a live node");
+        it is started again once that lease has ended, and the refusal is noted."""
+        for attempt in range(RESTARTS_MAX):
+            try:
+                self.cluster.start_node(target)
+                break
+            except RuntimeError as exc:
+                if "in use by a live node" not in str(exc) or attempt == RESTARTS_MAX - 1:
+                    raise
+                self.restarts_refused.append(f"n{target}")
+                time.sleep(NODE_TTL_S)
         self.killed.discard(target)
 
     def heal(self, settle_s: float) -> None:

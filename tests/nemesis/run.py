@@ -171,6 +171,8 @@ def _run(options: Options, base: Path, log: Callable[[str], None]) -> RunResult:
                          for s, e in final.unreadable.items()]  # fmt: skip
         report.notes += [f"final read through n{index}: {gap}" for gap in final.gaps]
     report.notes += nemesis.crashes
+    report.notes += [f"{node} refused to start while its old lease lived; started again after "
+                     "the TTL" for node in nemesis.restarts_refused]  # fmt: skip
     return RunResult(options.seed, report, nemesis.injected, nemesis.crashes)
 
 
