@@ -89,6 +89,7 @@ class Report:
     reads_above_final_hw: list[str] = field(default_factory=list)
     failover: list[FailoverFigure] = field(default_factory=list)
     longest_ack_gap_s: float = 0.0
+    unreadable_after_heal: list[str] = field(default_factory=list)  # "n0: shard 24: ..."
     torn_tails_cut_right: int = 0
     torn_tails_wrong: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -119,6 +120,7 @@ class Report:
             "info_not_found": self.info_not_found,
             "read_then_lost": len(self.read_then_lost),
             "reads_above_final_hw": len(self.reads_above_final_hw),
+            "unreadable_after_heal": len(self.unreadable_after_heal),
             "failover_in_ranges_s": {
                 "n": len(in_ranges), "never": len(in_ranges) - len(known),
                 "p50": percentile(known, 50), "max": percentile(known, 100),
@@ -375,6 +377,8 @@ def format_report(report: Report) -> str:
         f"  reads above the final HW:       {len(report.reads_above_final_hw)}"
         + (f"  e.g. {_examples(report.reads_above_final_hw)}" if report.reads_above_final_hw
            else ""),
+        f"  shards unreadable after healing:  {len(report.unreadable_after_heal)}",
+        *[f"    {what}" for what in report.unreadable_after_heal[:EXAMPLES_MAX]],
         f"  longest gap between acknowledged writes: {report.longest_ack_gap_s:.2f} s",
         f"  torn tails cut where the intact records end: {report.torn_tails_cut_right}, "
         f"elsewhere: {len(report.torn_tails_wrong)}",

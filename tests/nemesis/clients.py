@@ -26,6 +26,7 @@ seen and later gone is a read above the final high watermark).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import random
 import signal
@@ -54,6 +55,7 @@ OP_TIMEOUT_S = 3.0  # a node paused or cut off answers nothing: the op is then i
 PAUSE_BETWEEN_OPS_S = (0.02, 0.06)  # four writers at about 20 ops/s each: room on 2 cores
 READ_INTERVAL_S = 0.3
 PULL_GROUPS_MAX = 200
+FINAL_READ_BUDGET_S = 5.0
 
 _stopping = False
 # what the SDK's connection errors say, to tell them apart in the report
@@ -205,22 +207,26 @@ def pull_from(
         cursor = reply.next_cursor
 
 
-def read_everything(endpoint: str, attempts: int = 20) -> ReadResult:
+def read_everything(endpoint: str, budget_s: float = FINAL_READ_BUDGET_S) -> ReadResult:
     """Every shard of the logstore, read-only ones included, from its beginning to its end,
-    through ``endpoint`` (which forwards to each owner). Retries a shard whose owner is not
-    back yet; what stays unreadable is reported, never skipped silently."""
+    through ``endpoint`` (which forwards to each owner). Retries a shard that does not
+    answer for ``budget_s``: the cluster was healed, so one still unreadable then is a
+    finding (reported, never skipped silently), not something to wait out."""
     result = ReadResult()
     with LogHubClient(endpoint, *next(iter(KEYS.items())), timeout_s=10) as client:
         shards = [s.shard_id for s in client.list_shards(PROJECT, LOGSTORE)]
         for shard in shards:
-            for attempt in range(attempts):
+            deadline = time.monotonic() + budget_s
+            for attempt in itertools.count():
+                if attempt and time.monotonic() > deadline:
+                    break
                 partial = ReadResult()
                 try:
                     cursor = client.get_cursor(PROJECT, LOGSTORE, shard, "begin")
                     pull_from(client, shard, cursor, partial)
                 except LogHubError as exc:
                     result.unreadable[shard] = f"{type(exc).__name__}: {exc}"
-                    time.sleep(min(2.0, 0.2 * (attempt + 1)))
+                    time.sleep(0.5)
                     continue
                 result.unreadable.pop(shard, None)
                 result.observations += partial.observations

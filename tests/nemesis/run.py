@@ -167,9 +167,11 @@ def _run(options: Options, base: Path, log: Callable[[str], None]) -> RunResult:
     check_torn_tails(report, ops, server_logs)
     check_handovers(report, ops, server_logs)
     for index, final in enumerate(finals):
-        report.notes += [f"final read through n{index}: shard {s} unreadable: {e}"
-                         for s, e in final.unreadable.items()]  # fmt: skip
+        report.unreadable_after_heal += [f"through n{index}: shard {s}: {e}"
+                                         for s, e in final.unreadable.items()]  # fmt: skip
         report.notes += [f"final read through n{index}: {gap}" for gap in final.gaps]
+    if report.unreadable_after_heal and report.lost:
+        report.notes.append("a lost write may sit in a shard that was unreadable after healing")
     report.notes += nemesis.crashes
     report.notes += [f"{node} refused to start while its old lease lived; started again after "
                      "the TTL" for node in nemesis.restarts_refused]  # fmt: skip
@@ -215,6 +217,7 @@ def total(results: list[RunResult]) -> dict[str, object]:
         "info": sum(r.report.info for r in results),
         "info_found": sum(r.report.info_found for r in results),
         "reads_above_final_hw": sum(len(r.report.reads_above_final_hw) for r in results),
+        "unreadable_after_heal": sum(len(r.report.unreadable_after_heal) for r in results),
         "failover_in_ranges_s": {"n": len(figures), "never": len(figures) - len(known),
                                  "p50": percentile(known, 50), "max": percentile(known, 100)},
         "failover_in_ranges_by_fault_s": _by_fault(results),
