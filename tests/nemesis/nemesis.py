@@ -256,8 +256,11 @@ class Nemesis:
             target = self.busiest()
         if kind in ("pause_node", "partition_etcd", "partition_etcd_oneway", "isolate_node"):
             hold_s = NODE_TTL_S + 1.0 + hold_s / 2  # past the TTL: the shards must move
-        detail: dict[str, Any] = {"node": f"n{target}", "hold_s": round(hold_s, 2)}
-        if kind != "kill_etcd_leader":
+        if kind == "kill_etcd_leader":  # the target is the leader: a member, no ranges
+            target = self.cluster.etcd.members.index(self.cluster.etcd.leader())
+            detail: dict[str, Any] = {"node": f"e{target}", "hold_s": round(hold_s, 2)}
+        else:
+            detail = {"node": f"n{target}", "hold_s": round(hold_s, 2)}
             detail["ranges"] = self.ranges_of(target)
         started = self.history.append(Op("nemesis", "invoke", kind, now_ns(), detail=detail))
         self.injected.append(kind)
@@ -327,17 +330,15 @@ class Nemesis:
         os.kill(pid, signal.SIGCONT)
         self.paused.discard(fault.target)
 
-    def _kill_etcd_leader(self, fault: Injection) -> dict[str, Any]:
+    def _kill_etcd_leader(self, fault: Injection) -> None:
         etcd = self.cluster.etcd
-        leader = etcd.leader()
+        leader = etcd.members[fault.target]
         etcd.kill(leader)
-        index = etcd.members.index(leader)
-        self.etcd_down.add(index)
+        self.etcd_down.add(fault.target)
         time.sleep(fault.hold_s)
         etcd.start(leader, "existing")
         etcd.wait_healthy()
-        self.etcd_down.discard(index)
-        return {**fault.detail, "node": leader.name}
+        self.etcd_down.discard(fault.target)
 
     def _partition_etcd(self, fault: Injection) -> dict[str, Any]:
         direction = fault.rng.choice(("up", "down")) if fault.kind.endswith("oneway") else "both"
