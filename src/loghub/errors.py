@@ -20,7 +20,8 @@ into the same class.
     │   ├── LeaseLostError              this worker no longer holds a lease it used
     │   ├── IllegalTransition           a state machine was asked for a move it does not allow
     │   ├── ControlPlaneError           the cluster's control plane (etcd) failed or is unreachable
-    │   └── FencedError                 a write by a node that lost the role it was made in
+    │   ├── FencedError                 a write by a node that lost the role it was made in
+    │   └── NotEnoughReplicasError      a shard leader with fewer in-sync replicas than it needs
     ├── KafkaWireError                  Kafka protocol input (wire/kafka raises these; the Kafka
     │   │                               listener answers with a Kafka error code or closes)
     │   ├── KafkaDecodeError            not a valid request of the API and version it claims
@@ -108,6 +109,7 @@ __all__ = [
     "LogStoreAlreadyExist",
     "LogStoreInfoInvalid",
     "LogStoreNotExist",
+    "NotEnoughReplicasError",
     "NotFoundError",
     "ParameterInvalid",
     "PostBodyInvalid",
@@ -377,6 +379,12 @@ class ControlPlaneError(CoordinationError):
 
 class FencedError(CoordinationError):
     pass
+
+
+class NotEnoughReplicasError(CoordinationError):
+    """A write refused by a shard leader whose in-sync replicas are fewer than
+    ``min_insync_replicas`` (Kafka's NOT_ENOUGH_REPLICAS): an acknowledgement then would
+    rest on too few copies. Over once a replica catches up and rejoins, so retryable."""
 
 
 class KafkaWireError(LogHubError):

@@ -117,6 +117,33 @@ def test_a_node_key_lives_while_refreshed_and_goes_a_ttl_after_refreshes_stop(
     run(scenario())
 
 
+def test_a_node_started_again_while_its_old_lease_lives_joins_once_that_lease_ends(
+    etcd: EtcdCluster,
+) -> None:
+    """A supervisor restarts a killed node at once: its id is still registered under the
+    dead process's lease for up to a TTL. The new process waits for that lease to end and
+    joins, rather than exit (a live twin, above, is still refused)."""
+
+    async def scenario() -> None:
+        async with EtcdStore(etcd.url) as store:
+            dead = NodeMembership(store, NodeInfo("n-again", "127.0.0.1:1"), ttl_s=2)
+            await dead.start()
+            assert dead._task is not None
+            dead._task.cancel()  # stops refreshing without leaving, as a SIGKILL does
+            died = time.monotonic()
+            again = NodeMembership(store, NodeInfo("n-again", "127.0.0.1:1"), ttl_s=2)
+            await again.start()
+            joined_after_s = time.monotonic() - died
+            assert again.alive and again.lease != dead.lease
+            entry = await store.get(again.key)
+            assert entry is not None and again.lease is not None
+            assert entry.lease == again.lease.lease_id
+            assert 0.5 < joined_after_s < 2 + 1.5, joined_after_s  # the TTL, and a poll
+            await again.stop()
+
+    run(scenario())
+
+
 def test_a_planned_leave_removes_the_node_at_once(etcd: EtcdCluster) -> None:
     async def scenario() -> None:
         async with EtcdStore(etcd.url) as store:

@@ -223,3 +223,45 @@ def test_a_draining_node_seals_and_hands_over_and_a_returning_node_records_ends(
             await a.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_placement_written_between_a_nodes_read_and_its_watch_reaches_its_view(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node reads the placements, then watches them: a record written in between (the
+    controller placing shards on a node that has just registered) must reach its view, or
+    the node answers 'not placed yet' for those shards until the record changes again. The
+    write is made inside the read here, so it always falls in between; the view must have it
+    well before the periodic read again (5 s) would bring it."""
+    from loghub.cluster import node as node_module
+    from loghub.cluster.controller import PlacementRecord, placement_key
+
+    async def scenario() -> None:
+        async with EtcdStore(etcd.url) as store:
+            await wipe(store)
+            catalog, logs = MemoryCatalog(2), MemoryLogs()
+            catalog.all_logstores = lambda: []  # type: ignore[method-assign]
+            # (no logstore to place: the controller writes no placement that would make
+            # the node read them all again anyway)
+            a = agent(store, "a", catalog, logs)
+            read = node_module.read_placements_at
+            late = PlacementRecord("p", "late", {0: "a"}, {})
+
+            async def read_then_write(s: EtcdStore):  # type: ignore[no-untyped-def]
+                answer = await read(s)
+                if not await s.get(placement_key("p", "late")):
+                    await s.put(placement_key("p", "late"), late.encode())
+                return answer
+
+            monkeypatch.setattr(node_module, "read_placements_at", read_then_write)
+            await a.start()
+            assert ("p", "late") not in a.placements  # the read came before the write
+
+            async def seen() -> bool:
+                return ("p", "late") in a.placements
+
+            await wait_for(seen, timeout_s=3.0)
+            assert a.owner_id("p", "late", 0) == "a"
+            await a.stop()
+
+    asyncio.run(scenario())

@@ -97,12 +97,25 @@ def test_every_code_a_server_sends_is_documented() -> None:
         assert (reply.code, str(reply.status)) in documented, (cls.__name__, reply.code)
 
 
-@pytest.mark.parametrize("cls", [errors.ControlPlaneError, errors.FencedError])
+@pytest.mark.parametrize(
+    "cls", [errors.ControlPlaneError, errors.FencedError, errors.NotEnoughReplicasError]
+)
 def test_a_cluster_whose_control_plane_or_role_moved_answers_a_retryable_503(
     cls: type[errors.LogHubError],
 ) -> None:
-    """etcd out of reach, or a role another node took since: over when the client asks
-    again, so the answer is one every client retries, not a 500 that hides why."""
+    """etcd out of reach, a role another node took since, or a shard leader short of
+    in-sync replicas: over when the client asks again, so the answer is one every client
+    retries, not a 500 that hides why."""
     reply = protocol_error(cls("etcd get failed: the members did not answer"))
     assert (reply.status, reply.code, reply.internal) == (503, "ServerBusy", False)
     assert "etcd" in reply.message
+
+
+def test_the_drawing_in_the_protocol_doc_is_the_error_trees_docstring() -> None:
+    """docs/protocol.md copies the drawing of ``loghub.errors``; a class added to one and
+    not the other (as three coordination classes once were) fails here."""
+    drawing = errors.__doc__.split("\n\n    LogHubError", 1)[1].split("\n\nEach layer", 1)[0]
+    source = ("    LogHubError" + drawing).splitlines()
+    doc = (ROOT / "docs" / "protocol.md").read_text()
+    copied = doc.split("source of this drawing):\n\n```\n", 1)[1].split("\n```", 1)[0]
+    assert copied.splitlines() == source

@@ -50,6 +50,7 @@ __all__ = [
     "PlacementRecord",
     "placement_key",
     "read_placements",
+    "read_placements_at",
 ]
 
 log = logging.getLogger("loghub.cluster")
@@ -94,13 +95,22 @@ class PlacementRecord:
 
 
 async def read_placements(store: EtcdStore) -> dict[tuple[str, str], PlacementRecord]:
+    return (await read_placements_at(store))[0]
+
+
+async def read_placements_at(
+    store: EtcdStore,
+) -> tuple[dict[tuple[str, str], PlacementRecord], int]:
+    """Every placement record, and the store's revision they were read at (a watch from the
+    next revision misses no change made after the read)."""
+    entries, revision = await store.read_prefix(PLACEMENT_PREFIX)
     records = {}
-    for entry in await store.get_prefix(PLACEMENT_PREFIX):
+    for entry in entries:
         project, _, logstore = entry.key.removeprefix(PLACEMENT_PREFIX).partition("/")
         records[(project, logstore)] = PlacementRecord.decode(
             project, logstore, entry.value, entry.mod_revision
         )
-    return records
+    return records, revision
 
 
 class Catalog(Protocol):

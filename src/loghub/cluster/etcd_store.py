@@ -279,6 +279,13 @@ class EtcdStore:
         )
         return int(getattr(reply, "TTL", 0))
 
+    async def lease_ttl_left_s(self, lease_id: int) -> int:
+        """How long a lease (anyone's) has left: -1 when it has ended or never existed."""
+        reply = await self._retrying(
+            "lease time-to-live", lambda: self._client.get_lease_info(lease_id)
+        )
+        return int(getattr(reply, "TTL", -1))
+
     async def revoke_lease(self, lease: Lease) -> None:
         with contextlib.suppress(aetcd.exceptions.ClientError, *_TRANSIENT):
             await asyncio.wait_for(self._client.revoke_lease(lease.lease_id), self._call_timeout_s)

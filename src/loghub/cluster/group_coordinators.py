@@ -129,8 +129,8 @@ class GroupCoordinators:
         return self._membership().info.node_id
 
     async def start(self) -> None:
-        await self.reload()
-        self._task = asyncio.create_task(self._watch(), name="loghub-group-coordinators")
+        revision = await self.reload()
+        self._task = asyncio.create_task(self._watch(revision), name="loghub-group-coordinators")
 
     async def stop(self) -> None:
         self._stopping = True
@@ -138,10 +138,12 @@ class GroupCoordinators:
             self._task.cancel()
             await asyncio.wait([self._task], timeout=3.0)
 
-    async def _watch(self) -> None:
+    async def _watch(self, revision: int) -> None:
+        """Reloads on every change after ``revision`` (that of the read the view came from,
+        so a key taken in between is not missed)."""
         while not self._stopping:
             try:
-                async for _event in self.store.watch_prefix(COORDINATORS_PREFIX):
+                async for _event in self.store.watch_prefix(COORDINATORS_PREFIX, revision + 1):
                     await self.reload()
             except ControlPlaneError as exc:
                 task = asyncio.current_task()
@@ -150,14 +152,15 @@ class GroupCoordinators:
                 log.warning("watch of %s broke (%s); reading again", COORDINATORS_PREFIX, exc)
             await asyncio.sleep(0.2)
             with contextlib.suppress(ControlPlaneError):
-                await self.reload()
+                revision = await self.reload()
 
-    async def reload(self) -> None:
+    async def reload(self) -> int:
         """Reads every coordinator key; a group this node held whose key is gone or was
-        taken again (its lease ended) is lost."""
+        taken again (its lease ended) is lost. Returns the store revision read at."""
         holders: dict[GroupKey, str] = {}
         revisions: dict[GroupKey, int] = {}
-        for entry in await self.store.get_prefix(COORDINATORS_PREFIX):
+        entries, read_revision = await self.store.read_prefix(COORDINATORS_PREFIX)
+        for entry in entries:
             group = _group_of(entry.key, COORDINATORS_PREFIX)
             if group is not None:
                 holders[group] = entry.value.decode()
@@ -166,6 +169,7 @@ class GroupCoordinators:
         for group, (fence, _lease) in list(self._held.items()):
             if revisions.get(group) != fence.create_revision:
                 self._lose(group)
+        return read_revision
 
     # --- holding groups -----------------------------------------------------------------
 

@@ -58,6 +58,9 @@ CONTROLLER_KEY = "/loghub/controller"
 
 
 _BROKER_ID_MAX = 2**31 - 1
+# the longest a starting node waits for its predecessor's lease to end (the lease's TTL is
+# the predecessor's --node-ttl-s, which a restart may have changed)
+join_wait_s_max = 60
 
 
 def kafka_broker_id(node_id: str) -> int:
@@ -102,15 +105,23 @@ class NodeInfo:
 
 async def read_nodes(store: EtcdStore) -> dict[str, NodeInfo]:
     """The registered nodes (the ones whose lease is alive), by id, with their drain marks."""
-    draining = {e.key.removeprefix(DRAIN_PREFIX) for e in await store.get_prefix(DRAIN_PREFIX)}
+    return (await read_nodes_at(store))[0]
+
+
+async def read_nodes_at(store: EtcdStore) -> tuple[dict[str, NodeInfo], int]:
+    """``read_nodes``, and a store revision no newer than either of its two reads (a watch
+    of either prefix from the next revision misses no change made after them)."""
+    drains, drains_revision = await store.read_prefix(DRAIN_PREFIX)
+    draining = {e.key.removeprefix(DRAIN_PREFIX) for e in drains}
+    registered, nodes_revision = await store.read_prefix(NODES_PREFIX)
     nodes = {}
-    for entry in await store.get_prefix(NODES_PREFIX):
+    for entry in registered:
         node_id = entry.key.removeprefix(NODES_PREFIX)
         info = NodeInfo.decode(node_id, entry.value)
         if node_id in draining and not info.draining:
             info = replace(info, draining=True)
         nodes[node_id] = info
-    return nodes
+    return nodes, min(drains_revision, nodes_revision)
 
 
 class NodeMembership:
@@ -149,6 +160,7 @@ class NodeMembership:
         # before registering, so that a node refused never shows up to the controller (which
         # would move shards to it); and again after, for two nodes starting at once
         await self._check_broker_id()
+        await self._wait_for_predecessor()
         started = self._monotonic()
         self.lease = await self.store.grant_lease(self.ttl_s)
         entry = await self.store.create(self.key, self.info.encode(), self.lease)
@@ -165,6 +177,29 @@ class NodeMembership:
         except BaseException:
             await self.stop()
             raise
+
+    async def _wait_for_predecessor(self) -> None:
+        """A node started again soon after it died (a supervisor's restart) finds its id
+        still registered under its old lease, which etcd ends only a TTL after the last
+        refresh: it waits for that end, as long as the lease had left when first looked at
+        (never longer than ``join_wait_s_max``), rather than exit. A live node with the same
+        id keeps refreshing its lease, so the key is still there after the wait, and the
+        start is refused then."""
+        deadline: float | None = None
+        while (holder := await self.store.get(self.key)) is not None:
+            if deadline is None:
+                left_s = await self.store.lease_ttl_left_s(holder.lease) if holder.lease else 0
+                # etcd answers whole seconds, rounded down, and ends expired leases on a
+                # check of its own every half second or so: a second more for each
+                wait_s = min(max(left_s, 0) + 1.0, join_wait_s_max) + 1.0
+                deadline = self._monotonic() + wait_s
+                log.warning(
+                    "node %s: its id is still registered (a lease with %d s left); waiting "
+                    "for it to end", self.info.node_id, left_s,
+                )  # fmt: skip
+            if self._monotonic() >= deadline:
+                return  # the create below refuses the start
+            await asyncio.sleep(0.2)
 
     async def _check_broker_id(self) -> None:
         """Refuses a Kafka broker id that another live node with a Kafka listener has. Read

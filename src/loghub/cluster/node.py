@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from loghub.cluster.controller import (
@@ -29,7 +29,7 @@ from loghub.cluster.controller import (
     Controller,
     PlacementRecord,
     placement_key,
-    read_placements,
+    read_placements_at,
 )
 from loghub.cluster.etcd_store import EtcdStore, end_if_cancelled
 from loghub.cluster.membership import (
@@ -39,7 +39,7 @@ from loghub.cluster.membership import (
     ControllerRole,
     NodeInfo,
     NodeMembership,
-    read_nodes,
+    read_nodes_at,
 )
 from loghub.cluster.status import summarize
 from loghub.errors import ControlPlaneError, LogHubError
@@ -51,6 +51,10 @@ log = logging.getLogger("loghub.cluster")
 _STOP_WAIT_S = 3.0
 # how often a node looks for data of deleted logstores on its disk
 _DROP_INTERVAL_S = 2.0
+# how often a node reads the nodes and placements again whatever its watches said: a net
+# under the watches, which start at the revision of the read before them and so miss nothing
+# etcd delivers, should a watch ever stall without breaking
+_RESYNC_INTERVAL_S = 5.0
 
 
 class LocalLogs(Protocol):
@@ -104,14 +108,19 @@ class NodeAgent:
 
     async def start(self) -> None:
         await self.membership.start()
-        await self._reload_nodes()
-        self.placements = await read_placements(self.store)
+        nodes_revision = await self._reload_nodes()
+        self.placements, placements_revision = await read_placements_at(self.store)
+        # each watch starts right after the read its view came from: a change in between
+        # (the controller placing shards on a node that has just registered) is delivered
         self._tasks = [
-            asyncio.create_task(self._watch(NODES_PREFIX, self._reload_nodes)),
+            asyncio.create_task(self._watch(NODES_PREFIX, self._reload_nodes, nodes_revision)),
             # a drain mark changes where groups go (``placement.group_coordinator``)
-            asyncio.create_task(self._watch(DRAIN_PREFIX, self._reload_nodes)),
-            asyncio.create_task(self._watch(CONTROLLER_KEY, self._reload_nodes)),
-            asyncio.create_task(self._watch(PLACEMENT_PREFIX, self._reload_placements)),
+            asyncio.create_task(self._watch(DRAIN_PREFIX, self._reload_nodes, nodes_revision)),
+            asyncio.create_task(self._watch(CONTROLLER_KEY, self._reload_nodes, nodes_revision)),
+            asyncio.create_task(
+                self._watch(PLACEMENT_PREFIX, self._reload_placements, placements_revision)
+            ),
+            asyncio.create_task(self._resync()),
             asyncio.create_task(self._run_controller()),
             asyncio.create_task(self._stay_member()),
             asyncio.create_task(self._drop_deleted_logs()),
@@ -158,31 +167,49 @@ class NodeAgent:
             self.nodes, self._controller_id, self._controller_epoch, self.placements, drains
         )
 
-    async def _watch(self, prefix: str, reload: Callable[[], object]) -> None:
+    async def _watch(
+        self, prefix: str, reload: Callable[[], Awaitable[int]], revision: int
+    ) -> None:
+        """Reloads the view on every change under ``prefix`` after ``revision`` (the read
+        the view came from). A broken watch (etcd's leader changed, the history it asked
+        for was compacted) reads again and watches on from that read."""
         while not self._stopping:
             try:
-                async for _event in self.store.watch_prefix(prefix):
-                    await reload()  # type: ignore[misc]
+                async for _event in self.store.watch_prefix(prefix, start_revision=revision + 1):
+                    await reload()
             except ControlPlaneError as exc:
                 end_if_cancelled()
                 log.warning("watch of %s broke (%s); reading again", prefix, exc)
             await asyncio.sleep(0.2)
             with contextlib.suppress(ControlPlaneError):
-                await reload()  # type: ignore[misc]
+                revision = await reload()
 
-    async def _reload_nodes(self) -> None:
-        self.nodes = await read_nodes(self.store)
-        current = await self.role.current()
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(_RESYNC_INTERVAL_S)
+            with contextlib.suppress(ControlPlaneError):
+                await self._reload_nodes()
+                await self._reload_placements()
+
+    async def _reload_nodes(self) -> int:
+        """Reads the live nodes and the controller; returns a store revision the view is at
+        least as new as."""
+        self.nodes, nodes_revision = await read_nodes_at(self.store)
+        controllers, controller_revision = await self.store.read_prefix(CONTROLLER_KEY)
+        current = next((e for e in controllers if e.key == CONTROLLER_KEY), None)
         self._controller_id = current.value.decode() if current else None
         self._controller_epoch = current.create_revision if current else None
         if self.on_change:
             self.on_change()
+        return min(nodes_revision, controller_revision)
 
-    async def _reload_placements(self) -> None:
-        self.placements = await read_placements(self.store)
+    async def _reload_placements(self) -> int:
+        """Reads every placement record and acts on it; returns the revision read at."""
+        self.placements, revision = await read_placements_at(self.store)
         if self.on_change:
             self.on_change()
         await self._act_on_placements()
+        return revision
 
     async def _run_controller(self) -> None:
         while True:

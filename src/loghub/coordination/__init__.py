@@ -5,8 +5,10 @@ client-side lease protocol); ``shard_state`` is the server-side per-shard state 
 ``group`` turns heartbeats into assignments; ``lease`` is the client-side lease protocol over
 a compare-and-set ``LeaseStore`` (``lease_sql`` is that store on SQLite or PostgreSQL, the
 one module here that does I/O; import it by name); ``placement`` decides which node of a
-cluster holds which shard. The rest does no I/O and takes time as an
-argument, so seeded simulations (``loghub.testing``) replay any run exactly.
+cluster holds which shard, and ``replica`` how a shard's replicas stay in sync (epochs,
+fetch, high watermark, ISR, elections); import those two by name. The rest does
+no I/O and takes time as an argument, so seeded simulations (``loghub.testing``) replay any
+run exactly.
 """
 
 from loghub.coordination.balance import loads, plan_moves, targets

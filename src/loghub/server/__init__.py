@@ -1,9 +1,38 @@
-"""The LogHub server: the REST API over storage and metadata (``loghub serve``)."""
+"""The LogHub server: the REST API over storage and metadata (``loghub serve``).
 
-from loghub.server.app import LogHubApp, build_app
+The application and the service are imported on first use: the command line reads the
+server's configuration types for every ``loghub`` command, and should not pay the import of
+the whole server (storage, metadata, the ASGI stack) to print a table or produce a line.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from loghub.server.config import KeyGrant, Limits, ServerConfig, load_key_grants, load_keys
-from loghub.server.main import serve
-from loghub.server.service import LogHubService
+
+if TYPE_CHECKING:
+    from loghub.server.app import LogHubApp, build_app
+    from loghub.server.main import serve
+    from loghub.server.service import LogHubService
+
+_IMPORTED_ON_USE = {
+    "LogHubApp": "loghub.server.app",
+    "build_app": "loghub.server.app",
+    "serve": "loghub.server.main",
+    "LogHubService": "loghub.server.service",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _IMPORTED_ON_USE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "KeyGrant",

@@ -56,6 +56,7 @@ from loghub.errors import (
     PostBodyTooLarge,
     ProjectNotExist,
     ServerBusy,
+    ShardReadOnly,
     SignatureReused,
     Unauthorized,
 )
@@ -66,7 +67,7 @@ from loghub.server.console import Console, is_console_path
 from loghub.server.errors import protocol_error
 from loghub.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from loghub.server.metrics import api_label
-from loghub.server.service import LogHubService, parse_shard_id
+from loghub.server.service import LogHubService, ShardElsewhere, parse_shard_id
 from loghub.server.tail_waits import WaitEnd
 from loghub.wire.compression import choose_response_compression
 from loghub.wire.errors import error_body
@@ -101,6 +102,9 @@ _API_LABELS_CACHED_MAX = 1024
 _PROTOBUF = "application/x-protobuf"
 # Host header values whose project is remembered (see ``LogHubApp._project_from_host``)
 _HOSTS_CACHED_MAX = 1024
+# how often a write in a cluster follows its shard to another node or chooses again, before
+# the client is told to try later (each move is a hand-over or a split that committed)
+_WRITE_MOVES_MAX = 16
 _UNKNOWN_HOST = ""  # a project is never empty: marks a Host not seen yet
 
 
@@ -322,6 +326,7 @@ class LogHubApp:
             )
             self.service.remote_logs = self._cluster
             routing = self._cluster
+            self.service.holds_shard = routing.holds
             self.service.groups.is_remote = lambda p, ls, s: not routing.is_local(p, ls, s)
             self.service.groups.persistence = routing
             routing.on_group_lost = self.service.groups.forget
@@ -828,19 +833,15 @@ class LogHubApp:
     async def _shard(self, call: _Call, logstore: str, target: str) -> Response:
         project = call.need_project()
         _refuse_selectors(call, {"POST": "action", "GET": "type"}.get(call.method, ""))
+        asked = target
         if self._cluster is not None:
             await self._cluster_placed(project, logstore, target)
             node, target = self._shard_node(call, project, logstore, target)
             if node is not None:
-                if call.headers.get(OWNER_ONLY_HEADER):
-                    # the client chose this node from a shard list that is out of date: it
-                    # goes back to its endpoint rather than have the request passed on
-                    raise ServerBusy(
-                        f"node {self._cluster.node_id} does not serve shard {target} of "
-                        f"{logstore} (node {node.node_id} does); list the shards again"
-                    )
-                return await self._forward(call, node)
+                return await self._forward_shard_request(call, node, logstore, target)
         if call.method == "POST" and call.optional("action") is None:
+            if self._cluster is not None:
+                return await self._put_logs_in_cluster(call, project, logstore, asked, target)
             return await self._put_logs(call, project, logstore, target)
         if call.method == "POST":
             return await self._reshard(call, project, logstore, target)
@@ -860,6 +861,46 @@ class LogHubApp:
                 return _json({"cursor_time": cursor_time}, call.request_id)
             raise ParameterInvalid(f"type must be log, cursor or cursor_time, not {kind!r}")
         raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
+
+    async def _forward_shard_request(
+        self, call: _Call, node: NodeInfo, logstore: str, target: str
+    ) -> Response:
+        assert self._cluster is not None
+        if call.headers.get(OWNER_ONLY_HEADER):
+            # the client chose this node from a shard list that is out of date: it goes back
+            # to its endpoint rather than have the request passed on
+            raise ServerBusy(
+                f"node {self._cluster.node_id} does not serve shard {target} of "
+                f"{logstore} (node {node.node_id} does); list the shards again"
+            )
+        return await self._forward(call, node)
+
+    async def _put_logs_in_cluster(
+        self, call: _Call, project: str, logstore: str, asked: str, target: str
+    ) -> Response:
+        """A PutLogs this node took: appended here, or, when its shard turns out to be held
+        by another node by the time it is appended (``ShardElsewhere``: a hand-over sealed
+        the shard under a routed write, which then routes to the successor, placed
+        elsewhere), passed on to that node as it came. A load-balanced write whose local
+        shard was handed over chooses again rather than fail with ShardReadOnly, since the
+        client named no shard."""
+        assert self._cluster is not None
+        for _attempt in range(_WRITE_MOVES_MAX):
+            try:
+                return await self._put_logs(call, project, logstore, target)
+            except ShardElsewhere as moved:
+                await self._cluster.placed(project, logstore, moved.shard_id)
+                node = self._cluster.shard_node(project, logstore, moved.shard_id)
+                if node is not None:
+                    return await self._forward_shard_request(call, node, logstore, target)
+            except ShardReadOnly:
+                if asked != "lb":
+                    raise
+                await self._blocking(self.service.metadata.wait_for_writes)
+                node, target = self._shard_node(call, project, logstore, asked)
+                if node is not None:
+                    return await self._forward_shard_request(call, node, logstore, target)
+        raise ServerBusy(f"the shards of {logstore} kept moving; try again")
 
     async def _cluster_placed(self, project: str, logstore: str, target: str) -> None:
         """Waits until the shards a request may reach are placed (see ``placed``)."""

@@ -374,6 +374,12 @@ class ClusterRouting:
 
     # --- shard logs on other nodes (``service.RemoteLogs``; called from storage threads) ---
 
+    def holds(self, project: str, logstore: str, shard_id: int) -> bool:
+        """Whether this node holds the shard's log by the placements it has seen: the
+        only shards it appends to (``LogHubService.holds_shard``)."""
+        assert self.agent is not None
+        return self.agent.owner_id(project, logstore, shard_id) == self.node_id
+
     def is_local(self, project: str, logstore: str, shard_id: int) -> bool:
         assert self.agent is not None
         return self.agent.owner_id(project, logstore, shard_id) in (None, self.node_id)

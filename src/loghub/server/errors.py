@@ -51,6 +51,8 @@ _TABLE: tuple[tuple[type[errors.LogHubError], int, str | None, bool], ...] = (
     # holder), so a 503 ServerBusy that every client retries.
     (errors.ControlPlaneError, 503, "ServerBusy", True),
     (errors.FencedError, 503, "ServerBusy", True),
+    # A shard leader short of in-sync replicas: over when one catches up, so retried too.
+    (errors.NotEnoughReplicasError, 503, "ServerBusy", True),
     (errors.CoordinationError, 500, _INTERNAL, False),  # a broken state machine
     # the protocol's own classes
     (errors.PostBodyTooLarge, 413, None, True),

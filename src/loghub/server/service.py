@@ -34,6 +34,7 @@ from loghub.errors import (
     NotFoundError,
     ParameterInvalid,
     RecordsLostError,
+    ServerBusy,
     ShardNotExist,
     ShardReadOnly,
     StorageClosedError,
@@ -114,6 +115,19 @@ class PullResult:
     tail: ShardTail | None = None
 
 
+class ShardElsewhere(ServerBusy):
+    """A write picked a shard whose log another node of the cluster holds (a routed write
+    whose shard was handed over and succeeded while it waited, or whose placement this
+    node's view does not show yet). Nothing was appended: the front end passes the request
+    on to the holder, and a client that sees this as a 503 may send it again."""
+
+    def __init__(self, shard_id: int, logstore: str) -> None:
+        super().__init__(
+            f"shard {shard_id} of {logstore} is served by another node (it moved); try again"
+        )
+        self.shard_id = shard_id
+
+
 class LogHubService:
     def __init__(self, config: ServerConfig, clock: Clock) -> None:
         self.config = config
@@ -178,6 +192,11 @@ class LogHubService:
         # In a cluster: the shard logs that live on other nodes (set by the front end), so a
         # merge of two shards on two nodes seals both
         self.remote_logs: RemoteLogs | None = None
+        # In a cluster: whether this node holds a shard's log (set by the front end). A write
+        # is appended only to such a shard: a routed write that a hand-over's seal sends on
+        # to the successor, placed on another node, must go there, not into a local file
+        # that no read would ever reach.
+        self.holds_shard: Callable[[str, str, int], bool] | None = None
 
     def close(self) -> None:
         with self._commits_lock:
@@ -360,6 +379,12 @@ class LogHubService:
             raise ShardReadOnly(f"shard {shard.shard_id} is readonly")
         return shard
 
+    def _check_held(self, project: str, logstore: str, shard: Shard) -> None:
+        """In a cluster, ``ShardElsewhere`` for a shard whose log this node does not hold
+        (before anything is appended, so the front end may pass the request on)."""
+        if self.holds_shard is not None and not self.holds_shard(project, logstore, shard.shard_id):
+            raise ShardElsewhere(shard.shard_id, logstore)
+
     def put_logs(
         self,
         project: str,
@@ -383,6 +408,7 @@ class LogHubService:
         payload = frame_log_group(raw)
         for _attempt in range(_REROUTES_MAX):
             shard = self.pick_shard(project, logstore, target, hash_key)
+            self._check_held(project, logstore, shard)
             store = self.metadata.get_logstore(project, logstore)
             self.quotas.admit_write(
                 (project, logstore, shard.shard_id), self.shard_quota(store), len(raw)
@@ -431,6 +457,7 @@ class LogHubService:
             # lb: every write of one commit round to the same shard, the next round to the
             # next one, so that a round of lb writes costs one fdatasync, not one per shard
             shard = self.pick_shard(project, logstore, target, hash_key, commits.rounds)
+            self._check_held(project, logstore, shard)
             store = self.metadata.get_logstore(project, logstore)
             self.quotas.admit_write(
                 (project, logstore, shard.shard_id), self.shard_quota(store), len(raw)

@@ -4,7 +4,8 @@
 against a server-side consumer group, and ``LeaseSimulation`` many workers over the lease
 protocol, both with injected faults, checking their invariants after every step and
 replayable from a seed (``LOGHUB_SEED``). ``MemoryLeaseStore`` and ``FaultyLeaseStore`` are
-lease stores for tests of your own.
+lease stores for tests of your own. ``replica_sim.ReplicaSimulation`` does the same for one
+shard's replicas under failovers; import it by module, as ``loghub.coordination.replica``.
 """
 
 from loghub.testing.clock import FakeClock
