@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow chaos bench cluster-demo lint setup system-deps clean
+.PHONY: run test test-slow chaos nemesis bench cluster-demo lint setup system-deps clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,14 @@ test-slow: $(STAMP) system-deps
 CHAOS_SECONDS ?= 180
 chaos: $(STAMP) system-deps
 	$(PY) tests/chaos/driver.py --seconds $(CHAOS_SECONDS) --spark $(CHAOS_ARGS)
+
+# Jepsen-style runs on a 3-node cluster (tests/nemesis, docs/nemesis.md): writers of unique ids,
+# seeded faults, then a history checker; exit 1 if an acknowledged write was lost or an offset
+# holds two values. LOGHUB_SEED=... replays a schedule, NEMESIS_ARGS for more (--faults a,b).
+NEMESIS_RUNS ?= 100
+NEMESIS_SECONDS ?= 60
+nemesis: $(STAMP) system-deps
+	$(PY) tests/nemesis/run.py --runs $(NEMESIS_RUNS) --seconds $(NEMESIS_SECONDS) $(NEMESIS_ARGS)
 
 # Every benchmark in benchmarks/ within BENCH_MINUTES (Redis and NATS beside LogHub, started
 # and stopped by the scripts), then BENCHMARKS.md with tables and charts from

@@ -1,0 +1,400 @@
+"""The nemesis: real faults on a running cluster, chosen by a seeded random generator, each
+recorded in the history (an ``invoke`` when it starts, an ``ok`` when it is lifted).
+
+The cluster is tests/cluster's (``LogHubCluster``: 3 etcd members, 3 ``loghub serve
+--cluster`` nodes on loopback), with TCP proxies (proxy.py) in front of what can be cut:
+
+    clients ──► proxy n{i} ──► node i          (also what node i advertises to its peers)
+    node i  ──► proxy n{i}-e{j} ──► etcd member j   (one per node and member)
+
+Faults (``FAULTS``); "random" targets and durations come from the generator, "busiest" and
+"leader" from the cluster's state at that moment:
+
+    kill_node              SIGKILL a random node, restart it with its data after 1 s to TTL+3 s
+    kill_busiest           the same, on the node that owns the most writable shards
+    pause_node             SIGSTOP a random node for longer than the node TTL, then SIGCONT
+    kill_etcd_leader       SIGKILL etcd's raft leader, restart it with its data after 1-4 s
+    torn_tail              SIGKILL a node, tear the tail of the newest segment of one of its
+                           shards, restart it: it must cut the torn record and nothing else
+    partition_etcd         cut a node from every etcd member, both ways, past the TTL
+    partition_etcd_oneway  the same, one way: its requests held, or etcd's answers held
+    isolate_node           cut a node from etcd and from clients and peers, past the TTL
+
+A torn tail is what a crash in the middle of a write leaves: a record whose last bytes never
+reached the disk. Cutting bytes off the last record as it is would tear a record that was
+acknowledged (the server fsyncs before it acknowledges), which no crash can do, so the
+nemesis appends a copy of the last record under the next sequence and cuts a few bytes off
+that: the bytes torn are always of a record nobody acknowledged, and the checker proves
+that recovery cut only those (no acknowledged write missing, no offset given two values).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+_TESTS = _HERE.parent
+sys.path[1:1] = [str(_HERE), str(_TESTS), str(_TESTS / "cluster"), str(_TESTS / "integration")]
+
+import crc32c  # noqa: E402
+from clients import KEYS, LOGSTORE, PROJECT  # noqa: E402
+from cluster_nodes import NODE_TTL_S, LogHubCluster  # noqa: E402
+from etcd import running_etcd  # noqa: E402
+from history import HistoryFile, Op, now_ns  # noqa: E402
+from server_process import ServerProcess  # noqa: E402
+
+from loghub.client import LogHubClient, ShardInfo  # noqa: E402
+from loghub.errors import LogHubError  # noqa: E402
+
+__all__ = ["FAULTS", "Nemesis", "ProxiedCluster", "Proxies", "proxied_cluster"]
+
+FAULTS = (
+    "kill_node",
+    "kill_busiest",
+    "pause_node",
+    "kill_etcd_leader",
+    "torn_tail",
+    "partition_etcd",
+    "partition_etcd_oneway",
+    "isolate_node",
+)
+# faults that are a variant of another: the same action, another target or direction
+ACTIONS = {"kill_busiest": "_kill_node", "partition_etcd_oneway": "_partition_etcd"}
+GAP_BETWEEN_FAULTS_S = (1.0, 3.0)
+SEGMENT_HEADER = struct.Struct(">4sHHI")
+RECORD_HEADER = struct.Struct(">BBIQQII")
+TORN_BYTES_MAX = 64
+RESTARTS_MAX = 3
+
+
+class Proxies:
+    """The proxy process (proxy.py) and its listening ports; stopped by PID."""
+
+    def __init__(self, upstreams: dict[str, int | None]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(_HERE / "proxy.py"), json.dumps(upstreams)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.ports: dict[str, int] = json.loads(self.proc.stdout.readline())
+
+    def _command(self, **command: Any) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ok", command
+
+    def set_upstream(self, name: str, port: int) -> None:
+        self._command(cmd="upstream", name=name, port=port)
+
+    def cut(self, names: list[str], direction: str = "both") -> None:
+        self._command(cmd="cut", names=names, direction=direction)
+
+    def heal(self) -> None:
+        self._command(cmd="heal")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+@dataclass
+class ProxiedCluster(LogHubCluster):
+    """tests/cluster's cluster, each node reaching etcd through its own proxies and reached
+    (by clients and peers) through one."""
+
+    proxies: Proxies | None = None
+
+    def node_args(self, index: int, port: int) -> tuple[str, ...]:
+        assert self.proxies is not None
+        args = list(super().node_args(index, port))
+        members = range(len(self.etcd.members))
+        etcd = ",".join(f"127.0.0.1:{self.proxies.ports[f'n{index}-e{j}']}" for j in members)
+        args[args.index("--cluster") + 1] = f"etcd://{etcd}"
+        args[args.index("--advertise") + 1] = self.endpoint(index)
+        return tuple(args)
+
+    def start_node(self, index: int) -> ServerProcess:
+        node = super().start_node(index)
+        assert self.proxies is not None
+        self.proxies.set_upstream(f"n{index}", node.port)
+        return node
+
+    def endpoint(self, index: int) -> str:
+        """Where clients and peers reach node ``index``: its proxy."""
+        assert self.proxies is not None
+        return f"127.0.0.1:{self.proxies.ports[f'n{index}']}"
+
+    def etcd_links(self, index: int) -> list[str]:
+        return [f"n{index}-e{j}" for j in range(len(self.etcd.members))]
+
+    def alive(self, index: int) -> bool:
+        proc = self.nodes[index].proc
+        return proc is not None and proc.poll() is None
+
+
+@contextlib.contextmanager
+def proxied_cluster(base: Path, nodes: int = 3) -> Iterator[ProxiedCluster]:
+    """As tests/cluster's ``running_cluster``, with the proxies; every process it started
+    (etcd members, nodes, the proxy process) is stopped by PID at the end."""
+    with running_etcd(3) as etcd:
+        upstreams: dict[str, int | None] = {f"n{i}": None for i in range(nodes)}
+        for i in range(nodes):
+            for j, member in enumerate(etcd.members):
+                upstreams[f"n{i}-e{j}"] = member.client_port
+        proxies = Proxies(upstreams)
+        cluster = ProxiedCluster(etcd, [], base, dict(KEYS), proxies=proxies)
+        try:
+            for index in range(nodes):
+                cluster.start_node(index)
+            yield cluster
+        finally:
+            for node in cluster.nodes:
+                with contextlib.suppress(ProcessLookupError):
+                    if node.proc is not None and node.proc.poll() is None:
+                        os.kill(node.proc.pid, signal.SIGCONT)
+                node.kill()
+            proxies.stop()
+
+
+def tear_tail(shard_dir: Path, rng: random.Random) -> dict[str, Any] | None:
+    """Appends a torn record (the last record again, under the next sequence, missing its
+    last 1 to 64 bytes) to the newest segment of ``shard_dir``; None when it holds no
+    record to copy. The file must not be open in a running server."""
+    logs = sorted(shard_dir.glob("*.log"))
+    if not logs:
+        return None
+    path = logs[-1]
+    data = path.read_bytes()
+    position = SEGMENT_HEADER.size if data[:4] == b"LHSG" else 0
+    last = None
+    while position + RECORD_HEADER.size <= len(data):
+        fields = RECORD_HEADER.unpack_from(data, position)
+        end = position + RECORD_HEADER.size + fields[5]
+        if end > len(data):
+            break
+        last = (fields, data[position + RECORD_HEADER.size : end])
+        position = end
+    if last is None:
+        return None
+    (version, attributes, epoch, sequence, time_ms, _length, _crc), payload = last
+    head = RECORD_HEADER.pack(version, attributes, epoch, sequence + 1, time_ms, len(payload), 0)
+    crc = crc32c.crc32c(head[:26] + payload)
+    record = head[:26] + struct.pack(">I", crc) + payload
+    cut = rng.randint(1, min(TORN_BYTES_MAX, len(record) - 1))
+    with open(path, "ab") as file:
+        file.write(record[:-cut])
+        file.flush()
+        os.fsync(file.fileno())
+    return {"file": str(path), "torn_sequence": sequence + 1, "bytes_cut": cut,
+            "file_bytes_before": len(data), "garbage_before": len(data) - position}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One fault as drawn: what, on which node, for how long, and its own generator."""
+
+    kind: str
+    target: int
+    hold_s: float
+    rng: random.Random
+    detail: dict[str, Any]
+
+
+@dataclass
+class Nemesis:
+    """Injects faults from ``rng`` until ``stop_ns``; ``heal`` then brings everything back.
+    Runs in one thread of the harness; the history is its own file."""
+
+    cluster: ProxiedCluster
+    rng: random.Random
+    faults: tuple[str, ...]
+    history: HistoryFile
+    log: Callable[[str], None] = print
+    killed: set[int] = field(default_factory=set)  # nodes down by our hand
+    paused: set[int] = field(default_factory=set)
+    etcd_down: set[int] = field(default_factory=set)
+    crashes: list[str] = field(default_factory=list)  # nodes that died by themselves
+    restarts_refused: list[str] = field(default_factory=list)  # the old lease still alive
+    injected: list[str] = field(default_factory=list)
+    started_ns: int = field(default_factory=now_ns)
+
+    def run(self, stop_ns: int) -> None:
+        while now_ns() < stop_ns:
+            time.sleep(self.rng.uniform(*GAP_BETWEEN_FAULTS_S))
+            if now_ns() >= stop_ns:
+                return
+            kind = self.rng.choice(self.faults)
+            target = self.rng.randrange(len(self.cluster.nodes))
+            hold_s = self.rng.uniform(1.0, NODE_TTL_S + 3.0)
+            # a fault's own draws (a direction, the bytes to tear) come from a generator of
+            # its own: what the cluster's state decides for one fault never shifts the next
+            self.inject(kind, target, hold_s, random.Random(self.rng.getrandbits(64)))
+
+    def inject(self, kind: str, target: int, hold_s: float, rng: random.Random) -> None:
+        assert kind in FAULTS, kind
+        if kind == "kill_busiest":
+            target = self.busiest()
+        if kind in ("pause_node", "partition_etcd", "partition_etcd_oneway", "isolate_node"):
+            hold_s = NODE_TTL_S + 1.0 + hold_s / 2  # past the TTL: the shards must move
+        if kind == "kill_etcd_leader":  # the target is the leader: a member, no ranges
+            target = self.cluster.etcd.members.index(self.cluster.etcd.leader())
+            detail: dict[str, Any] = {"node": f"e{target}", "hold_s": round(hold_s, 2)}
+        else:
+            detail = {"node": f"n{target}", "hold_s": round(hold_s, 2)}
+            detail["ranges"] = self.ranges_of(target)
+        started = self.history.append(Op("nemesis", "invoke", kind, now_ns(), detail=detail))
+        self.injected.append(kind)
+        at_s = (started.time_ns - self.started_ns) / 1e9
+        self.log(f"  {at_s:6.1f} s: {kind} {detail['node']} for {hold_s:.1f} s")
+        act = getattr(self, ACTIONS.get(kind, f"_{kind}"))
+        lifted = act(Injection(kind, target, hold_s, rng, detail))
+        self.history.append(Op("nemesis", "ok", kind, now_ns(), detail=lifted or detail))
+
+    def busiest(self) -> int:
+        """The node holding the most writable shards now (the lowest index of a tie)."""
+        counts = Counter(s.node for s in self.writable_shards())
+        return max(range(len(self.cluster.nodes)), key=lambda i: (counts[f"n{i}"], -i))
+
+    def ranges_of(self, target: int) -> list[tuple[str, str]]:
+        """The hash ranges of the writable shards ``target`` holds now (empty when no node
+        answers): writes routed there wait for the failover."""
+        return [
+            (s.inclusive_begin_key, s.exclusive_end_key)
+            for s in self.writable_shards()
+            if s.node == f"n{target}"
+        ]
+
+    def writable_shards(self) -> list[ShardInfo]:
+        """The writable shards as the first node that answers lists them, with their
+        nodes; none when no node answers."""
+        for index in range(len(self.cluster.nodes)):
+            if not self.cluster.alive(index) or index in self.paused:
+                continue
+            node = self.cluster.nodes[index]
+            try:
+                with LogHubClient(node.endpoint, *next(iter(KEYS.items())), timeout_s=2) as c:
+                    return [s for s in c.list_shards(PROJECT, LOGSTORE) if s.writable]
+            except LogHubError:
+                continue
+        return []
+
+    # -- the faults: each returns the detail to record when lifted (None: as when started) --
+
+    def _kill_node(self, fault: Injection) -> None:
+        self.cluster.nodes[fault.target].kill()
+        self.killed.add(fault.target)
+        time.sleep(fault.hold_s)
+        self._restart(fault.target)
+
+    def _torn_tail(self, fault: Injection) -> dict[str, Any]:
+        node = self.cluster.nodes[fault.target]
+        node.kill()
+        self.killed.add(fault.target)
+        logs = node.data_dir.glob(f"**/{PROJECT}/{LOGSTORE}-*/*/*.log")
+        shard_dirs = [p.parent for p in logs]
+        shard_dirs = sorted(set(shard_dirs), key=lambda p: (-_newest_mtime_ns(p), str(p)))
+        torn = None
+        for shard_dir in shard_dirs:  # the shard written last first
+            torn = tear_tail(shard_dir, fault.rng)
+            if torn is not None:
+                break
+        time.sleep(fault.hold_s)
+        self._restart(fault.target)
+        return {**fault.detail, "torn": torn}
+
+    def _pause_node(self, fault: Injection) -> None:
+        pid = self.cluster.nodes[fault.target].pid
+        os.kill(pid, signal.SIGSTOP)
+        self.paused.add(fault.target)
+        time.sleep(fault.hold_s)
+        os.kill(pid, signal.SIGCONT)
+        self.paused.discard(fault.target)
+
+    def _kill_etcd_leader(self, fault: Injection) -> None:
+        etcd = self.cluster.etcd
+        leader = etcd.members[fault.target]
+        etcd.kill(leader)
+        self.etcd_down.add(fault.target)
+        time.sleep(fault.hold_s)
+        etcd.start(leader, "existing")
+        etcd.wait_healthy()
+        self.etcd_down.discard(fault.target)
+
+    def _partition_etcd(self, fault: Injection) -> dict[str, Any]:
+        direction = fault.rng.choice(("up", "down")) if fault.kind.endswith("oneway") else "both"
+        assert self.cluster.proxies is not None
+        self.cluster.proxies.cut(self.cluster.etcd_links(fault.target), direction)
+        time.sleep(fault.hold_s)
+        self.cluster.proxies.heal()
+        return {**fault.detail, "direction": direction}
+
+    def _isolate_node(self, fault: Injection) -> None:
+        assert self.cluster.proxies is not None
+        self.cluster.proxies.cut(
+            [f"n{fault.target}", *self.cluster.etcd_links(fault.target)], "both"
+        )
+        time.sleep(fault.hold_s)
+        self.cluster.proxies.heal()
+
+    def _restart(self, target: int) -> None:
+        """Starts a killed node again with its data. A node started within a TTL of its
+        death finds its old lease alive and exits ("node id ... is in use by a live node");
+        it is started again once that lease has ended, and the refusal is noted."""
+        for attempt in range(RESTARTS_MAX):
+            try:
+                self.cluster.start_node(target)
+                break
+            except RuntimeError as exc:
+                if "in use by a live node" not in str(exc) or attempt == RESTARTS_MAX - 1:
+                    raise
+                self.restarts_refused.append(f"n{target}")
+                time.sleep(NODE_TTL_S)
+        self.killed.discard(target)
+
+    def heal(self, settle_s: float) -> None:
+        """Everything back: nodes resumed or restarted with their data, etcd members
+        restarted, proxies healed; then until the cluster has placed every shard and
+        nothing waits for a node, and ``settle_s`` more."""
+        assert self.cluster.proxies is not None
+        self.cluster.proxies.heal()
+        for index in sorted(self.paused):
+            os.kill(self.cluster.nodes[index].pid, signal.SIGCONT)
+        self.paused.clear()
+        etcd = self.cluster.etcd
+        for member in etcd.members:
+            if member.proc is None or member.proc.poll() is not None:
+                etcd.start(member, "existing")
+        etcd.wait_healthy()
+        for index in range(len(self.cluster.nodes)):
+            if not self.cluster.alive(index):
+                if index not in self.killed:
+                    proc = self.cluster.nodes[index].proc
+                    code = None if proc is None else proc.returncode
+                    self.crashes.append(f"n{index} exited with {code} by itself")
+                self._restart(index)
+        self.cluster.wait_placed(timeout_s=60)
+        time.sleep(settle_s)
+
+
+def _newest_mtime_ns(shard_dir: Path) -> int:
+    return max((p.stat().st_mtime_ns for p in shard_dir.glob("*.log")), default=0)

@@ -1,0 +1,262 @@
+"""Nemesis runs against a real LogHub cluster, each checked from its history.
+
+    python tests/nemesis/run.py --runs N --seconds S [--seed X] [--faults a,b,...]
+        [--writers 2] [--settle 3] [--keep DIR]
+
+(``make nemesis`` runs 100 x 60 s.) A run starts 3 etcd members and 3 ``loghub serve
+--cluster`` nodes behind TCP proxies (nemesis.py), makes a logstore of 6 shards, starts
+writers (LogHub's client and the official SDK, ``--writers`` of each) and a reader, and
+injects faults for ``--seconds``. Then it heals everything, lets the writers go on through
+the settle period, stops them, reads every shard through every node and runs the checker.
+
+Seeds: the base seed is ``--seed``, else ``LOGHUB_SEED``, else random, and is printed; run
+``i`` uses base + i and prints it, so ``--runs 1 --seed <that>`` replays one run's schedule
+(which faults, on which node, for how long). What the processes do in between is up to the
+machine's timing, so a replay brings back the faults, not every interleaving.
+
+Exit status 1 when a run lost an acknowledged write or gave one position two values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(_HERE))
+
+from checker import (  # noqa: E402
+    Report,
+    check,
+    check_handovers,
+    check_torn_tails,
+    format_report,
+    percentile,
+)
+from clients import KEYS, LOGSTORE, PROJECT, read_everything  # noqa: E402
+from history import HistoryFile, Op, now_ns, read_history  # noqa: E402
+from nemesis import FAULTS, Nemesis, ProxiedCluster, proxied_cluster  # noqa: E402
+
+from loghub.client import LogHubClient  # noqa: E402
+
+SHARDS = 6
+WRITER_STOP_S = 20.0  # an SDK op retries for up to ~40 s; past this it is left info
+
+
+@dataclass
+class Options:
+    seconds: float = 60.0
+    seed: int = 0
+    faults: tuple[str, ...] = FAULTS
+    writers: int = 2  # of each kind
+    settle_s: float = 3.0
+    keep: Path | None = None
+
+
+@dataclass
+class RunResult:
+    seed: int
+    report: Report
+    injected: list[str] = field(default_factory=list)
+    crashes: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+    kept: Path | None = None
+
+
+def _start_clients(
+    cluster: ProxiedCluster, options: Options, base: Path
+) -> list[subprocess.Popen[bytes]]:
+    nodes = ",".join(cluster.endpoint(i) for i in range(len(cluster.nodes)))
+    script = str(_HERE / "clients.py")
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "no_proxy")}
+    commands = [
+        [script, "writer", "--kind", kind, "--process", f"{kind}-{i}"]
+        for kind in ("loghub", "sdk")
+        for i in range(options.writers)
+    ] + [[script, "reader"]]
+    procs = []
+    for command in commands:
+        name = command[-1] if command[1] == "writer" else "reader"
+        with open(base / f"{name}.err", "wb") as errors:  # the child keeps its own copy
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, *command, "--nodes", nodes, "--seed", str(options.seed),
+                     "--history", str(base / f"history-{name}.jsonl")],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=errors,
+                )
+            )  # fmt: skip
+    return procs
+
+
+def _stop_clients(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM: each finishes its op in flight; one that takes too long is killed, and its
+    op reads as never completed (info)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + WRITER_STOP_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def run_once(options: Options, log: Callable[[str], None] = print) -> RunResult:
+    """One run: cluster, clients, faults, heal, final reads, checks. A failed run keeps
+    its histories, final reads and server logs (not the shards' files); so does a run that
+    raised, whose directory is named in the log."""
+    started = time.monotonic()
+    base = Path(tempfile.mkdtemp(prefix="loghub-nemesis-"))
+    log(f"run seed {options.seed} ({options.seconds:.0f} s, faults {','.join(options.faults)})")
+    try:
+        result = _run(options, base, log)
+    except BaseException:
+        log(f"  the run failed; its files are in {base}")
+        raise
+    result.wall_s = time.monotonic() - started
+    if not result.report.valid or options.keep is not None:
+        kept = options.keep or Path(tempfile.gettempdir()) / f"loghub-nemesis-kept-{options.seed}"
+        shutil.rmtree(kept, ignore_errors=True)
+        shutil.copytree(base, kept, ignore=_segment_files)
+        result.kept = kept
+    shutil.rmtree(base, ignore_errors=True)
+    return result
+
+
+def _run(options: Options, base: Path, log: Callable[[str], None]) -> RunResult:
+    (base / "cluster").mkdir()
+    with proxied_cluster(base / "cluster") as cluster:
+        with LogHubClient(cluster.nodes[0].endpoint, *next(iter(KEYS.items()))) as client:
+            client.create_project(PROJECT, "writes under faults")
+            client.create_logstore(PROJECT, LOGSTORE, shard_count=SHARDS)
+        cluster.wait_placed(shards=SHARDS)
+        with HistoryFile(base / "history-nemesis.jsonl") as history:
+            # the two clocks side by side: server logs are in wall-clock time
+            history.append(Op("nemesis", "info", "clock", now_ns(),
+                              detail={"wall_ns": time.time_ns()}))  # fmt: skip
+            nemesis = Nemesis(cluster, random.Random(options.seed), options.faults, history, log)
+            procs = _start_clients(cluster, options, base)
+            try:
+                nemesis.run(now_ns() + int(options.seconds * 1e9))
+                log("  healing")
+                nemesis.heal(options.settle_s)
+            finally:
+                _stop_clients(procs)
+        finals = [read_everything(node.endpoint) for node in cluster.nodes]
+        server_logs = {f"n{i}": node.log_path.read_text(errors="replace")
+                       for i, node in enumerate(cluster.nodes)}  # fmt: skip
+    for index, final in enumerate(finals):  # kept with the histories, for a diagnosis
+        (base / f"final-read-n{index}.json").write_text(json.dumps(final.observations))
+    ops = read_history(sorted(base.glob("history-*.jsonl")))
+    report = check(ops, [o for final in finals for o in final.observations])
+    check_torn_tails(report, ops, server_logs)
+    check_handovers(report, ops, server_logs)
+    for index, final in enumerate(finals):
+        report.unreadable_after_heal += [f"through n{index}: shard {s}: {e}"
+                                         for s, e in final.unreadable.items()]  # fmt: skip
+        report.notes += [f"final read through n{index}: {gap}" for gap in final.gaps]
+    if report.unreadable_after_heal and report.lost:
+        report.notes.append("a lost write may sit in a shard that was unreadable after healing")
+    report.notes += nemesis.crashes
+    report.notes += [f"{node} refused to start while its old lease lived; started again after "
+                     "the TTL" for node in nemesis.restarts_refused]  # fmt: skip
+    return RunResult(options.seed, report, nemesis.injected, nemesis.crashes)
+
+
+def _segment_files(directory: str, names: list[str]) -> set[str]:
+    """The shards' files, left out of a kept run (its histories and server logs are kept)."""
+    del directory
+    return {n for n in names if n.split(".")[0].isdigit() and len(n.split(".")[0]) == 20}
+
+
+def _by_fault(results: list[RunResult]) -> dict[str, dict[str, float | int | None]]:
+    times: dict[str, list[float]] = {}
+    never: dict[str, int] = {}
+    for result in results:
+        for figure in result.report.failover:
+            times.setdefault(figure.fault, [])
+            if figure.first_ack_in_ranges_s is None:
+                never[figure.fault] = never.get(figure.fault, 0) + 1
+            else:
+                times[figure.fault].append(figure.first_ack_in_ranges_s)
+    return {fault: {"n": len(t) + never.get(fault, 0), "p50": percentile(t, 50),
+                    "max": percentile(t, 100)} for fault, t in sorted(times.items())}  # fmt: skip
+
+
+def total(results: list[RunResult]) -> dict[str, object]:
+    figures = [f.first_ack_in_ranges_s for r in results for f in r.report.failover]
+    known = [f for f in figures if f is not None]
+    duplicates: dict[str, int] = {}
+    for result in results:
+        for kind, values in result.report.duplicates.items():
+            duplicates[kind] = duplicates.get(kind, 0) + len(values)
+    return {
+        "runs": len(results),
+        "invalid_runs": sum(not r.report.valid for r in results),
+        "acked_values": sum(r.report.acked_values for r in results),
+        "lost": sum(len(r.report.lost) for r in results),
+        "lost_during_handover": sum(len(r.report.lost_during_handover) for r in results),
+        "inconsistent_offsets": sum(len(r.report.inconsistent) for r in results),
+        "duplicates": duplicates,
+        "unexpected": sum(len(r.report.unexpected) for r in results),
+        "info": sum(r.report.info for r in results),
+        "info_found": sum(r.report.info_found for r in results),
+        "reads_above_final_hw": sum(len(r.report.reads_above_final_hw) for r in results),
+        "unreadable_after_heal": sum(len(r.report.unreadable_after_heal) for r in results),
+        "failover_in_ranges_s": {"n": len(figures), "never": len(figures) - len(known),
+                                 "p50": percentile(known, 50), "max": percentile(known, 100)},
+        "failover_in_ranges_by_fault_s": _by_fault(results),
+        "node_crashes": sum(len(r.crashes) for r in results),
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--faults", default=",".join(FAULTS))
+    parser.add_argument("--writers", type=int, default=2, help="writers of each client kind")
+    parser.add_argument("--settle", type=float, default=3.0)
+    parser.add_argument("--keep", type=Path, default=None, help="copy each run's histories here")
+    args = parser.parse_args(argv)
+    faults = tuple(f for f in args.faults.split(",") if f)
+    unknown = set(faults) - set(FAULTS)
+    if unknown:
+        parser.error(f"unknown faults {sorted(unknown)}; known: {','.join(FAULTS)}")
+    seed = args.seed if args.seed is not None else int(os.environ.get("LOGHUB_SEED", "0") or 0)
+    seed = seed or random.SystemRandom().randrange(1, 2**31)
+    print(f"nemesis: {args.runs} runs x {args.seconds:.0f} s, base seed {seed} "
+          f"(LOGHUB_SEED={seed} replays; run i uses seed {seed}+i)", flush=True)  # fmt: skip
+    results = []
+    for run in range(args.runs):
+        keep = args.keep / f"run-{seed + run}" if args.keep else None
+        options = Options(args.seconds, seed + run, faults, args.writers, args.settle, keep)
+        result = run_once(options, log=lambda line: print(line, flush=True))
+        results.append(result)
+        print(format_report(result.report), flush=True)
+        print(f"  summary: {result.report.summary()}", flush=True)
+        kept = f", histories kept in {result.kept}" if result.kept else ""
+        print(f"  run {run + 1}/{args.runs} seed {result.seed}: {result.wall_s:.0f} s wall{kept}",
+              flush=True)  # fmt: skip
+    print(f"total: {total(results)}", flush=True)
+    return 0 if all(r.report.valid for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
