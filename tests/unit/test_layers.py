@@ -14,7 +14,7 @@ import loghub
 
 SRC = Path(loghub.__file__).parent
 
-_BASE = {"errors", "_clock", "_retry", "_times"}
+_BASE = {"errors", "_clock", "_retry", "_times", "_lazy"}
 # layer -> the layers it may import (besides itself)
 ALLOWED: dict[str, set[str]] = {
     "__init__": _BASE,
@@ -22,6 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "_clock": set(),
     "_retry": {"errors", "_clock"},
     "_times": set(),
+    "_lazy": set(),
     "wire": _BASE,
     "storage": _BASE | {"wire"},
     "metadata": _BASE | {"wire", "_sql"},

@@ -11,9 +11,9 @@ otherwise pay SQLAlchemy's import (about a fifth of a second here) before doing 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from loghub._lazy import imported_on_use
 from loghub.metadata._validate import (
     max_split_shard_max,
     shards_per_logstore_max,
@@ -54,14 +54,7 @@ _IMPORTED_ON_USE = {
     "shard_ids_per_logstore_max": "loghub.metadata.store",
 }
 
-
-def __getattr__(name: str) -> object:
-    module = _IMPORTED_ON_USE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = imported_on_use(__name__, _IMPORTED_ON_USE)
 
 
 __all__ = [

@@ -7,9 +7,9 @@ the whole server (storage, metadata, the ASGI stack) to print a table or produce
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from loghub._lazy import imported_on_use
 from loghub.server.config import KeyGrant, Limits, ServerConfig, load_key_grants, load_keys
 
 if TYPE_CHECKING:
@@ -24,14 +24,7 @@ _IMPORTED_ON_USE = {
     "LogHubService": "loghub.server.service",
 }
 
-
-def __getattr__(name: str) -> object:
-    module = _IMPORTED_ON_USE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = imported_on_use(__name__, _IMPORTED_ON_USE)
 
 
 __all__ = [
