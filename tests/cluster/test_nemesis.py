@@ -22,9 +22,9 @@ from cluster_nodes import LogHubCluster, running_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nemesis"))
 
-from checker import check, check_handovers, format_report  # noqa: E402
 from clients import KEYS, LOGSTORE, PROJECT, read_everything  # noqa: E402
 from history import HistoryFile, Op, complete, read_history  # noqa: E402
+from nemesis_checker import check, check_handovers, format_report  # noqa: E402
 from run import Options, run_once  # noqa: E402
 
 from loghub.client import LogHubClient  # noqa: E402

@@ -36,7 +36,10 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(_HERE))
 
-from checker import (  # noqa: E402
+from clients import KEYS, LOGSTORE, PROJECT, read_everything  # noqa: E402
+from history import HistoryFile, Op, now_ns, read_history  # noqa: E402
+from nemesis import FAULTS, Nemesis, ProxiedCluster, proxied_cluster  # noqa: E402
+from nemesis_checker import (  # noqa: E402
     Report,
     check,
     check_handovers,
@@ -44,9 +47,6 @@ from checker import (  # noqa: E402
     format_report,
     percentile,
 )
-from clients import KEYS, LOGSTORE, PROJECT, read_everything  # noqa: E402
-from history import HistoryFile, Op, now_ns, read_history  # noqa: E402
-from nemesis import FAULTS, Nemesis, ProxiedCluster, proxied_cluster  # noqa: E402
 
 from loghub.client import LogHubClient  # noqa: E402
 
