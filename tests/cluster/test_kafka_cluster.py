@@ -156,6 +156,15 @@ def test_clients_bootstrapped_from_one_node_reach_every_partition_leader(
     owners = cluster.owners(PROJECT, "spread")
     status = cluster.status()
     assert len(set(owners.values())) == 3, owners
+    # each node's view follows etcd by a watch: on a loaded machine it may be a moment behind
+    # the read above; a view that never catches up still fails below
+    expected = {shard: (0, broker_of(node)) for shard, node in owners.items()}
+    deadline = time.monotonic() + 10
+    for index in range(3):
+        while leaders(cluster.kafka_ports[index], topic) != expected:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
     # Metadata, asked of any node, matches the placement `loghub cluster status` reads
     for index in range(3):
         answer = metadata(cluster.kafka_ports[index], topic)
