@@ -33,7 +33,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from loghub.cluster.etcd_store import Entry, EtcdStore, Fence, Lease
+from loghub.cluster.etcd_store import EtcdStore, Fence, Lease
 from loghub.errors import CoordinationError
 
 __all__ = [
@@ -288,6 +288,3 @@ class ControllerRole:
                 )
                 return self.fence
             await asyncio.sleep(self.poll_s)
-
-    async def current(self) -> Entry | None:
-        return await self.membership.store.get(CONTROLLER_KEY)
