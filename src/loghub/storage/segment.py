@@ -773,15 +773,50 @@ class Segment:
         self.time_index.extend(builder.time_entries)
 
     def truncate(self, size_bytes: int, next_seq: int) -> None:
-        """Takes back records written but not acknowledged (under the shard lock)."""
-        assert size_bytes <= self.size_bytes and next_seq <= self.next_seq
+        """Cuts the records from ``next_seq`` on, which start at byte ``size_bytes``: records
+        written but not acknowledged (a failed batch), or a follower's records after the
+        point where its log left the leader's (``ShardLog.truncate_to``). Forgets them in
+        memory first (sizes, index entries, lost ranges), so that even when the cut fails
+        nothing claims records the file may no longer hold; then ftruncate and fdatasync.
+        Under the shard lock, with no read of the cut records under way."""
+        assert self.data_start <= size_bytes <= self.size_bytes
+        assert self.base_seq <= next_seq <= self.next_seq
+        self.size_bytes = size_bytes
+        self.committed_size_bytes = min(self.committed_size_bytes, size_bytes)
+        self.next_seq = next_seq
+        self.lost = [item for item in self.lost if item.first_seq < next_seq]
+        self.offset_index.truncate_to(next_seq - self.base_seq)
+        self.time_index.truncate_to(next_seq - self.base_seq)
         with self.files.use(self.path) as fd:
             os.ftruncate(fd, size_bytes)
-            self.size_bytes = size_bytes
-            self.next_seq = next_seq
-            self.offset_index.truncate_to(next_seq - self.base_seq)
-            self.time_index.truncate_to(next_seq - self.base_seq)
             os.fdatasync(fd)
+
+    def position_of(self, sequence: int) -> int:
+        """The byte where record ``sequence`` starts (for ``next_seq``: the end of the
+        records), to cut the segment there. From the offset index's entry at or before it,
+        the headers in between are walked, each checked for the sequence it must carry, up
+        to the record's own: CorruptSegmentError when one fails (the caller rescans and asks
+        again). ``sequence`` must not be in a lost range. Under the shard lock."""
+        assert self.base_seq <= sequence <= self.next_seq
+        assert self.lost_range_at(sequence) is None
+        if sequence == self.next_seq:
+            return self.size_bytes
+        relative_sequence, position = self.offset_index.floor(sequence - self.base_seq)
+        current = self.base_seq + relative_sequence
+        with self.files.use(self.path) as fd:
+            reader = _ChunkReader(fd, self.size_bytes, _READ_CHUNK_BYTES_MIN)
+            while True:
+                header = reader.view(position, HEADER_BYTES)
+                if header is None:
+                    raise self._corrupt(position, "incomplete header")
+                fields = HEADER.unpack(header)
+                problem = check_header(fields, current, self.payload_bytes_max)
+                if problem is not None:
+                    raise self._corrupt(position, problem)
+                if current == sequence:
+                    return position
+                position += HEADER_BYTES + fields[5]
+                current += 1
 
     def sync(self) -> None:
         with self.files.use(self.path) as fd:
