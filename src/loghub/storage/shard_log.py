@@ -1202,7 +1202,9 @@ def _upgrade_active_segment(
 def _load_leader_epochs(path: Path, segments: list[Segment]) -> list[EpochEntry]:
     """The leader-epoch file's entries fitted to the log (during open); rebuilt from the
     record headers, and written again, when the file is damaged or missing while the log
-    holds records."""
+    holds records. Entries at or past the end (an epoch whose first batch never became
+    durable) are dropped from the file too: left there, they would be taken for the epochs
+    of records appended later in an older epoch."""
     begin_seq, end_seq = segments[0].base_seq, segments[-1].next_seq
     entries, exists = read_leader_epochs(path)
     if entries is None and (exists or end_seq > begin_seq):
@@ -1210,5 +1212,9 @@ def _load_leader_epochs(path: Path, segments: list[Segment]) -> list[EpochEntry]
             logger.error("shard log %s: leader-epoch file damaged; rebuilding it", path)
         starts = [start for segment in segments for start in segment.epoch_starts()]
         entries = fit_to_log(merge_epoch_starts([], starts), begin_seq, end_seq)
+        write_leader_epochs(path, entries)
+    elif entries and entries[-1][1] >= end_seq:
+        logger.info("shard log %s: leader epochs past the end of the log dropped", path)
+        entries = fit_to_log(entries, begin_seq, end_seq)
         write_leader_epochs(path, entries)
     return fit_to_log(entries or [], begin_seq, end_seq)
