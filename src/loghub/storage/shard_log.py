@@ -16,7 +16,11 @@ and the leader-epoch file records where each epoch began, written once per epoch
 first record. ``end_seq`` is the end of the records written (Kafka's log end offset);
 ``high_watermark_seq`` the end of the committed ones, which is all a consumer's ``read``
 returns. On a single server the two are equal; a follower's ``read_raw`` copies up to
-``end_seq``.
+``end_seq``. In replicated mode (``set_replicated``) the replication layer sets the high
+watermark (``advance_high_watermark``: up only, never past end_seq) and appends leave it
+where it is. Cursors in [high watermark, end_seq] stay valid and read nothing yet;
+``seq_for_time`` and the "end" cursor answer at most the high watermark, and retention
+deletes only below it.
 
 Life cycle of an append under ``fsync_policy="always"`` (group commit, leader/follower):
 
@@ -172,6 +176,7 @@ class BufferedRead:
 class ShardLogStatistics:
     begin_seq: int
     end_seq: int
+    high_watermark_seq: int  # == end_seq unless replicated (see ShardLog.set_replicated)
     segment_count: int
     size_bytes: int  # bytes of the committed records (segment headers not counted)
     fsync_count: int  # fdatasyncs of log files (group commit makes it < append_count)
@@ -254,13 +259,14 @@ class ShardLog:
         self._condition = threading.Condition(self._lock)
         self._segments = segments
         self._end_seq = segments[-1].next_seq
+        # Replicated mode (set_replicated): the high watermark is kept here, set by the
+        # replication layer; otherwise it is end_seq and this field is unused.
+        self._replicated = False
+        self._high_watermark = self._end_seq
+        self._high_watermark_moved = threading.Condition(self._lock)
         self._epochs = epochs  # the leader-epoch file's entries; replaced, never changed
         self._leader_epoch = epochs[-1][0] if epochs else 0  # what appends are stamped with
-        self._last_time_ms = 0
-        for segment in reversed(segments):
-            if segment.max_time_ms is not None:
-                self._last_time_ms = segment.max_time_ms
-                break
+        self._last_time_ms = _newest_time_ms(segments)
         self._writer_busy = False
         self._queue: list[_PendingAppend] = []
         self._closed = False
@@ -274,9 +280,10 @@ class ShardLog:
         self._synced_append_count = 0
         self._stop_syncing = threading.Event()
         self._sync_thread: threading.Thread | None = None
-        # Called with the new high watermark each time it advances, from the committing thread with
-        # the lock held, so it must be quick and must not call back into this log (the
-        # server wakes pulls parked at the end of the shard; loop.call_soon_threadsafe).
+        # Called with the new high watermark each time it advances (on a single server with
+        # each commit, in replicated mode with each advance_high_watermark that moves it), from
+        # that thread with the lock held, so it must be quick and must not call back into this
+        # log (the server wakes pulls parked at the end of the shard; call_soon_threadsafe).
         self.end_seq_listener: Callable[[int], None] | None = None
         if config.fsync_policy == "interval":
             self._sync_thread = threading.Thread(
@@ -568,8 +575,11 @@ class ShardLog:
         self._end_seq = records[-1][0] + 1
         self._last_time_ms = records[-1][1]
         self._append_count += len(records)
+        if self._replicated:
+            return  # the high watermark waits for the replicas (advance_high_watermark)
+        self._high_watermark_moved.notify_all()
         if self.end_seq_listener is not None:
-            self.end_seq_listener(self._high_watermark_seq())
+            self.end_seq_listener(self._end_seq)
 
     def _write_batch(self, records: list[_Record], created: list[Segment], sync: bool) -> None:
         """One write per segment touched; rolls when the active segment would overflow."""
@@ -957,15 +967,71 @@ class ShardLog:
     @property
     def high_watermark_seq(self) -> int:
         """One past the last committed record: what consumers may read and where the "end"
-        cursor points. Never above end_seq and never goes back."""
+        cursor points. Never above end_seq nor below begin_seq, and never goes back."""
         with self._lock:
             return self._high_watermark_seq()
 
     def _high_watermark_seq(self) -> int:
         """The high watermark (lock held). On a single server every record that is durable
-        under the policy is committed, so it is end_seq; with replicas it becomes the least
-        end_seq of the in-sync replicas, and this is the one place that changes."""
-        return self._end_seq
+        under the policy is committed, so it is end_seq; in replicated mode the replication
+        layer sets it (Kafka's least end offset of the in-sync replicas)."""
+        return self._high_watermark if self._replicated else self._end_seq
+
+    @property
+    def is_replicated(self) -> bool:
+        """Whether the high watermark is set from outside (``set_replicated``)."""
+        with self._lock:
+            return self._replicated
+
+    def set_replicated(self, initial_high_watermark_seq: int) -> None:
+        """Keeps the high watermark apart from end_seq from now on: appends no longer move
+        it, ``advance_high_watermark`` does. It starts at ``initial_high_watermark_seq``
+        (what the replication layer knows to be committed, e.g. from its checkpoint) within
+        [begin_seq, end_seq]. Not stored: whoever replicates the shard calls this again after
+        each open. Called again, it only advances the high watermark (which never goes back)."""
+        assert initial_high_watermark_seq >= 0
+        with self._lock:
+            self._check_open()
+            if self._replicated:
+                self._advance_high_watermark(initial_high_watermark_seq)
+                return
+            begin_seq = self._segments[0].base_seq
+            self._high_watermark = max(begin_seq, min(initial_high_watermark_seq, self._end_seq))
+            self._replicated = True
+
+    def advance_high_watermark(self, seq: int) -> int:
+        """Moves the high watermark of a replicated log to ``min(seq, end_seq)`` when that is
+        higher (it never goes back: a stale or reordered update is ignored) and returns the one
+        in force. A move wakes ``wait_for_high_watermark`` and calls ``end_seq_listener``,
+        so that pulls parked at the end of the shard see the newly committed records. On a
+        log not in replicated mode the high watermark is end_seq already: nothing changes."""
+        with self._lock:
+            self._check_open()
+            if not self._replicated:
+                return self._end_seq
+            return self._advance_high_watermark(seq)
+
+    def _advance_high_watermark(self, seq: int) -> int:
+        target = min(seq, self._end_seq)
+        if target > self._high_watermark:
+            self._high_watermark = target
+            self._high_watermark_moved.notify_all()
+            if self.end_seq_listener is not None:
+                self.end_seq_listener(target)
+        return self._high_watermark
+
+    def wait_for_high_watermark(self, seq: int, timeout_s: float | None = None) -> int:
+        """Waits until the high watermark reaches ``seq`` (every record below it committed:
+        a producer waiting for acknowledgement from all in-sync replicas), at most
+        ``timeout_s`` (None: no limit); returns the high watermark in force, below ``seq``
+        when the time ran out. StorageClosedError when the log closes meanwhile."""
+        with self._lock:
+            self._check_open()
+            self._high_watermark_moved.wait_for(
+                lambda: self._closed or self._high_watermark_seq() >= seq, timeout_s
+            )
+            self._check_open()
+            return self._high_watermark_seq()
 
     # --- leader epochs --------------------------------------------------------------------
 
@@ -990,23 +1056,28 @@ class ShardLog:
             return fit_to_log(self._epochs, self._segments[0].base_seq, self._end_seq)
 
     def receive_time_ms(self, seq: int) -> int:
-        """The receive time of record ``seq``; for end_seq, the newest record's (or the clock's
-        when the shard holds no record). Read from the record's own header, so a damaged
-        time index cannot give a wrong answer; a lost record raises RecordsLostError (for
-        end_seq behind a lost record, the newest time the indexes know stands in)."""
+        """The receive time of record ``seq``; at or past the high watermark (the "end"
+        cursor; in replicated mode, records not yet committed), the newest committed
+        record's (or the clock's when there is none). Read from the record's own header, so
+        a damaged time index cannot give a wrong answer; a lost record raises
+        RecordsLostError (for the end behind a lost record, the newest time the indexes
+        know stands in)."""
         for attempt in (0, 1):
             with self._lock:
                 self._check_open()
                 self._check_cursor(seq)
-                at_end = seq == self._end_seq
-                if at_end and self._segments[0].base_seq == self._end_seq:
+                visible_end = self._high_watermark_seq()
+                at_end = seq >= visible_end
+                if at_end and self._segments[0].base_seq == visible_end:
                     return self._clock.wall_ms()
-                target = seq - 1 if at_end else seq
+                target = visible_end - 1 if at_end else seq
                 segment = self._segments[self._segment_index(target)]
                 lost = segment.lost_range_at(target)
                 if lost is not None:
-                    if at_end:
+                    if at_end and visible_end == self._end_seq:
                         return self._last_time_ms
+                    if at_end:  # uncommitted records follow: the indexes up to the lost one
+                        return _newest_time_ms(self._segments[: self._segment_index(target) + 1])
                     raise self._data_corrupted(lost)
                 try:
                     return segment.read_time_ms(target)
@@ -1018,9 +1089,10 @@ class ShardLog:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def seq_for_time(self, time_ms: int) -> int:
-        """The first retained record whose receive time is >= ``time_ms``, else end_seq.
-        The time index's answer is checked against the records' own headers; when they
-        disagree, the segment is rescanned (its indexes rebuilt) and asked again."""
+        """The first retained committed record whose receive time is >= ``time_ms``, else the
+        high watermark (end_seq on a single server): a cursor for consumers, who see nothing
+        past it. The time index's answer is checked against the records' own headers; when
+        they disagree, the segment is rescanned (its indexes rebuilt) and asked again."""
         for segment in self._segments_snapshot():
             found = self._seq_for_time_in(segment, time_ms)
             if found is None:
@@ -1031,24 +1103,27 @@ class ShardLog:
             if found >= 0:
                 return found
         with self._lock:
-            return self._end_seq
+            return self._high_watermark_seq()
 
     def _seq_for_time_in(self, segment: Segment, time_ms: int) -> int | None:
-        """The answer within ``segment``: a sequence, -1 when every record in it is older,
-        None when its time index disagrees with its records."""
+        """The answer within ``segment`` (at most the high watermark): a sequence, -1 when
+        every record in it is older, None when its time index disagrees with its records."""
         with self._lock:
             self._check_open()
             if segment.retired:
                 return -1
-            if segment.base_seq >= self._end_seq:
-                return self._end_seq
+            visible_end = self._high_watermark_seq()
+            if segment.base_seq >= visible_end:
+                return visible_end
             max_time_ms = segment.max_time_ms
             if max_time_ms is None or max_time_ms < time_ms:
                 return -1
             relative_sequence = segment.time_index.first_at_or_after(time_ms)
             assert relative_sequence is not None
             found = min(segment.base_seq + relative_sequence, self._end_seq)
-            return found if self._time_answer_holds(segment, found, time_ms) else None
+            if not self._time_answer_holds(segment, found, time_ms):
+                return None
+            return min(found, visible_end)  # times never go back: nothing committed is newer
 
     def _segments_snapshot(self) -> list[Segment]:
         with self._lock:
@@ -1072,14 +1147,20 @@ class ShardLog:
     def apply_retention(self, now_ms: int, ttl_ms: int) -> int:
         """Deletes whole segments from the front whose newest record is older than
         ``now_ms - ttl_ms``, the active one too (after rolling an empty one at end_seq).
-        Returns the number of segments deleted."""
+        In replicated mode only segments below the high watermark go (as in Kafka), so that
+        begin_seq never passes it and records not yet on every replica stay. Returns the
+        number of segments deleted."""
         assert ttl_ms >= 0
         cutoff_ms = now_ms - ttl_ms
         with self._condition:
             self._acquire_writer()
             try:
                 active = self._segments[-1]
-                if active.record_count > 0 and _expired(active, cutoff_ms):
+                if (
+                    active.record_count > 0
+                    and _expired(active, cutoff_ms)
+                    and active.next_seq <= self._high_watermark_seq()
+                ):
                     self._roll_empty(active)
                 doomed = self._take_expired(cutoff_ms)
                 if doomed:
@@ -1112,7 +1193,11 @@ class ShardLog:
 
     def _take_expired(self, cutoff_ms: int) -> list[Segment]:
         doomed = []
-        while len(self._segments) > 1 and _expired(self._segments[0], cutoff_ms):
+        while (
+            len(self._segments) > 1
+            and _expired(self._segments[0], cutoff_ms)
+            and self._segments[0].next_seq <= self._high_watermark_seq()
+        ):
             doomed.append(self._segments.pop(0))
         return doomed
 
@@ -1136,6 +1221,7 @@ class ShardLog:
             return ShardLogStatistics(
                 begin_seq=self._segments[0].base_seq,
                 end_seq=self._end_seq,
+                high_watermark_seq=self._high_watermark_seq(),
                 segment_count=len(self._segments),
                 size_bytes=sum(
                     segment.committed_size_bytes - segment.data_start for segment in self._segments
@@ -1159,6 +1245,7 @@ class ShardLog:
                 request.done = True
             self._queue = []
             self._condition.notify_all()
+            self._high_watermark_moved.notify_all()
         self._stop_syncing.set()
         if self._sync_thread is not None:
             self._sync_thread.join()
@@ -1170,6 +1257,14 @@ class ShardLog:
             finally:
                 for segment in self._segments:
                     self._retire(segment)
+
+
+def _newest_time_ms(segments: list[Segment]) -> int:
+    """The newest receive time the segments' time indexes know, 0 when they hold no record."""
+    for segment in reversed(segments):
+        if segment.max_time_ms is not None:
+            return segment.max_time_ms
+    return 0
 
 
 def _expired(segment: Segment, cutoff_ms: int) -> bool:
