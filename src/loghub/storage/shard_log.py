@@ -22,6 +22,12 @@ where it is. Cursors in [high watermark, end_seq] stay valid and read nothing ye
 ``seq_for_time`` and the "end" cursor answer at most the high watermark, and retention
 deletes only below it.
 
+Truncation (``truncate_to``): a follower whose epoch lineage left the leader's cuts its log
+at the point of divergence, then copies the leader's records with ``append_raw``. Later
+segments are unlinked newest first, the segment holding the cut is cut, and the leader-epoch
+file is written last; a crash in between leaves a prefix of the old log, whose epoch
+entries past its end ``open`` drops (the method's docstring explains the order).
+
 Life cycle of an append under ``fsync_policy="always"`` (group commit, leader/follower):
 
     append() --queue--> waiting --(no writer busy: becomes leader)--> leader takes the whole
@@ -47,19 +53,25 @@ the bytes cut, keeps intact records after damage in the middle) and ``check_seal
 earlier ones. Records acknowledged under "always" are on disk; under "interval" the last
 ``fsync_interval_ms`` may be lost. Sequence numbers never go back: after retention removes
 everything, an empty segment named by end_seq remains; records lost to damage keep their
-sequences (a ``LostRange``), so no sequence or cursor is ever given to other data.
+sequences (a ``LostRange``), so no sequence or cursor is ever given to other data. The one
+exception is ``truncate_to``: a follower's records past the divergence were never committed,
+and their sequences go to the leader's records.
 
 Damage: a read that starts in a lost range raises ``RecordsLostError`` (with the range, so that
 the reader can resume after it); a read that starts before one stops at its first sequence.
 A read that meets damage not yet known (a record or an index entry failing its checks)
 rescans that segment once, notes what it finds, and is planned again.
 Receive times are stored as max(previous, given); the previous time is read back from the
-time indexes on open, so it is forgotten only when retention has emptied the shard.
+time indexes on open, so it is forgotten only when retention has emptied the shard; a
+truncation takes it back to the newest record left (the leader's records may be older).
 
 Thread-safety: ``ShardLog`` is thread-safe. One lock guards the segment list, the published
-end_seq and the in-memory indexes; file I/O runs outside it. One thread at a time holds the
-writer role (a leader, retention, a raw append, close). Readers pin the segments they read so
-that retention can unlink a segment under them; its descriptors close at the last unpin.
+end_seq and the in-memory indexes; file I/O runs outside it (but for rare repairs: a rescan,
+a roll back, a truncation). One thread at a time holds the writer role (a leader, retention,
+a raw append, a truncation, close). Readers pin the segments they read so that retention can
+unlink a segment under them; its descriptors close at the last unpin. A truncation holds new
+reads back and waits for those pinning the segments it cuts, so that no read returns part of
+the old tail and part of what replaces it.
 """
 
 from __future__ import annotations
@@ -264,6 +276,11 @@ class ShardLog:
         self._replicated = False
         self._high_watermark = self._end_seq
         self._high_watermark_moved = threading.Condition(self._lock)
+        # truncate_to waits, with new reads held back, for the reads and the background
+        # sync that use the segments it cuts (they notify this while it waits)
+        self._truncating = False
+        self._syncing = False
+        self._pins_released = threading.Condition(self._lock)
         self._epochs = epochs  # the leader-epoch file's entries; replaced, never changed
         self._leader_epoch = epochs[-1][0] if epochs else 0  # what appends are stamped with
         self._last_time_ms = _newest_time_ms(segments)
@@ -656,6 +673,119 @@ class ShardLog:
             logger.error("shard log %s: roll back failed, refusing writes: %r", self.path, exc)
             self._broken = exc
 
+    # --- truncation (a follower's log) -----------------------------------------------------
+
+    def truncate_to(self, seq: int) -> int:
+        """Cuts every record with sequence >= ``seq``, durably, and returns the new end_seq:
+        a follower whose epoch lineage left the leader's drops its own tail before it copies
+        the leader's (Kafka's log truncation, KIP-101). ``seq == end_seq`` changes nothing;
+        outside [begin_seq, end_seq] is SequenceOutOfRangeError; a sealed log refuses
+        (LogSealedError). When ``seq`` falls inside a range lost to damage, the cut goes to
+        where that range begins (its bytes cannot be told apart record by record), so the
+        end returned may be below ``seq``; the follower copies those records again.
+
+        Takes the writer role, holds back new reads and waits for those under way in the
+        segments it cuts (so that none returns a mix of the old tail and what is appended
+        after), then, under the lock, in an order that a crash at any point leaves a prefix
+        of the old log whose leader-epoch file fits it:
+
+        1. the later segments are unlinked, newest first, the directory fsynced after each
+           (a crash leaves the log cut at a segment boundary, never with a gap);
+        2. the segment holding ``seq`` is cut (ftruncate, fdatasync);
+        3. the leader-epoch file is written without the entries at or after the new end.
+
+        A crash before 3 leaves entries for records that are gone, which ``open`` drops from
+        the file (as it does for an epoch whose first batch never became durable). Writing
+        the file first would be worse: a crash before the cut would leave records whose
+        epoch has no entry, taken for the previous epoch's with nothing to tell. The end,
+        the last receive time, the epochs and (in replicated mode) the high watermark are
+        updated in memory before the I/O, so when it fails the log refuses writes (the files
+        may not match; reopening recovers one of those prefixes) but serves reads of what
+        remains. Readers between seq and the old end see SequenceOutOfRangeError next."""
+        with self._condition:
+            self._acquire_writer()
+            try:
+                self._check_not_sealed()
+                self._check_cursor(seq)
+                if seq == self._end_seq:
+                    return seq
+                index = self._segment_index(seq)
+                self._truncating = True
+                try:
+                    while self._syncing or any(s.pins for s in self._segments[index:]):
+                        self._pins_released.wait()
+                    self._truncate(index, seq)
+                finally:
+                    self._truncating = False
+                    self._pins_released.notify_all()
+                return self._end_seq
+            finally:
+                self._release_writer()
+
+    def _truncate(self, index: int, seq: int) -> None:
+        """``truncate_to``'s work (lock and writer role held, no read in the segments from
+        ``index`` on, nothing written that is not published)."""
+        segment = self._segments[index]
+        position, end_seq = self._cut_point(segment, seq)
+        doomed = self._segments[index + 1 :]
+        del self._segments[index + 1 :]
+        old_end_seq = self._end_seq
+        self._end_seq = end_seq
+        self._high_watermark = min(self._high_watermark, end_seq)
+        self._lost = {item for item in self._lost if item[0] < end_seq}
+        self._epochs = fit_to_log(self._epochs, self._segments[0].base_seq, end_seq)
+        try:
+            for old in reversed(doomed):
+                old.delete_files()
+                fsync_directory(self.path)
+            segment.truncate(position, end_seq)
+            self._fsync_count += 1
+            if segment.headerless:  # new records go into the current format, as after open
+                _upgrade_active_segment(self.path, self._segments, self._files, self._limits())
+            write_leader_epochs(self.path, self._epochs)
+        except OSError as exc:
+            logger.error("shard log %s: truncation failed, refusing writes: %r", self.path, exc)
+            self._broken = exc
+            raise StorageError(f"{self.path}: truncation failed: {exc!r}") from exc
+        finally:
+            for old in doomed:
+                self._retire(old)
+            self._last_time_ms = _newest_time_ms(self._segments)
+        logger.warning(
+            "shard log %s: truncated to %d (records %d..%d cut, %d segments deleted)",
+            self.path,
+            end_seq,
+            end_seq,
+            old_end_seq - 1,
+            len(doomed),
+        )
+
+    def _cut_point(self, segment: Segment, seq: int) -> tuple[int, int]:
+        """(byte position, sequence) where ``segment`` is cut for ``truncate_to(seq)``: the
+        start of record ``seq``, or of the lost range holding it. A record or index entry
+        that fails its checks on the way makes it rescan the segment once and ask again."""
+        for attempt in (0, 1):
+            lost = segment.lost_range_at(seq)
+            if lost is not None:
+                return lost.position, lost.first_seq
+            try:
+                return segment.position_of(seq), seq
+            except CorruptSegmentError as exc:
+                if attempt:
+                    raise
+                logger.error("shard log %s: %s; rescanning the segment", self.path, exc.message)
+                try:
+                    self._note_lost(segment.rescan())
+                except OSError as scan_error:
+                    raise StorageError(f"{self.path}: rescan failed: {scan_error!r}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _limits(self) -> dict[str, int]:
+        return {
+            "index_interval_bytes": self._config.index_interval_bytes,
+            "payload_bytes_max": self._config.payload_bytes_max,
+        }
+
     # --- the writer role ----------------------------------------------------------------
 
     def _acquire_writer(self) -> None:
@@ -723,23 +853,28 @@ class ShardLog:
             with self._lock:
                 if self._closed:
                     return
-                if self._append_count == self._synced_append_count:
+                if self._append_count == self._synced_append_count or self._truncating:
                     continue
                 append_count = self._append_count
                 log_path = self._segments[-1].path
                 fd = self._files.acquire(log_path)
+                self._syncing = True  # truncate_to waits for it before it unlinks the file
+            synced = False
             try:
                 started_s = time.perf_counter()
                 os.fdatasync(fd)
+                synced = True
                 self._observe_fsync(started_s)
             except OSError as exc:
                 logger.error("shard log %s: background fdatasync failed: %r", self.path, exc)
-                continue
             finally:
                 self._files.release(log_path)
-            with self._lock:
-                self._fsync_count += 1
-                self._synced_append_count = max(self._synced_append_count, append_count)
+                with self._lock:
+                    self._syncing = False
+                    self._pins_released.notify_all()
+                    if synced:
+                        self._fsync_count += 1
+                        self._synced_append_count = max(self._synced_append_count, append_count)
 
     # --- reading ------------------------------------------------------------------------
 
@@ -811,6 +946,8 @@ class ShardLog:
     ) -> _ReadState:
         state = _ReadState(out)
         with self._lock:
+            while self._truncating:  # its segments are being cut: read what remains after
+                self._pins_released.wait()
             self._check_open()
             self._check_cursor(start_seq)
             # consumers never see past the high watermark; a follower copies up to the end
@@ -925,6 +1062,8 @@ class ShardLog:
 
     def _unpin(self, segment: Segment) -> None:
         segment.pins -= 1
+        if self._truncating:
+            self._pins_released.notify_all()
         if segment.pins == 0:
             self._files.release(segment.path)
             segment.read_fd = -1
@@ -967,7 +1106,8 @@ class ShardLog:
     @property
     def high_watermark_seq(self) -> int:
         """One past the last committed record: what consumers may read and where the "end"
-        cursor points. Never above end_seq nor below begin_seq, and never goes back."""
+        cursor points. Never above end_seq nor below begin_seq; it goes back only when
+        ``truncate_to`` cuts committed records (an unclean leader election)."""
         with self._lock:
             return self._high_watermark_seq()
 
@@ -1298,8 +1438,8 @@ def _load_leader_epochs(path: Path, segments: list[Segment]) -> list[EpochEntry]
     """The leader-epoch file's entries fitted to the log (during open); rebuilt from the
     record headers, and written again, when the file is damaged or missing while the log
     holds records. Entries at or past the end (an epoch whose first batch never became
-    durable) are dropped from the file too: left there, they would be taken for the epochs
-    of records appended later in an older epoch."""
+    durable, or a crash inside ``truncate_to``) are dropped from the file too: left there,
+    they would be taken for the epochs of records appended later in an older epoch."""
     begin_seq, end_seq = segments[0].base_seq, segments[-1].next_seq
     entries, exists = read_leader_epochs(path)
     if entries is None and (exists or end_seq > begin_seq):
