@@ -7,7 +7,14 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loghub.coordination.placement import NodeSlot, ShardRef, group_coordinator, moves, place
+from loghub.coordination.placement import (
+    NodeSlot,
+    ShardRef,
+    group_coordinator,
+    moves,
+    place,
+    place_replicas,
+)
 
 
 def shards_of(*logstores: tuple[str, int]) -> list[ShardRef]:
@@ -115,3 +122,33 @@ def test_a_draining_node_coordinates_no_new_group_and_no_node_means_none() -> No
     assert {group_coordinator(f"g{i}", nodes) for i in range(20)} == {"n1"}
     assert group_coordinator("g", [NodeSlot("n0", draining=True)]) is None
     assert group_coordinator("g", []) is None
+
+
+# --- replica sets (``place_replicas``) ------------------------------------------------------
+
+
+def test_replicas_go_to_distinct_nodes_on_distinct_racks_and_leaders_spread() -> None:
+    nodes = [NodeSlot("a", "r1"), NodeSlot("b", "r1"), NodeSlot("c", "r2"), NodeSlot("d", "r3")]
+    placed = place_replicas(shards_of(("s", 8)), nodes, {}, 3)
+    racks = {n.node_id: n.rack for n in nodes}
+    for replicas in placed.values():
+        assert len(set(replicas)) == 3
+        assert {racks[r] for r in replicas} == {"r1", "r2", "r3"}
+    leaders = Counter(replicas[0] for replicas in placed.values())
+    assert max(leaders.values()) - min(leaders.values()) <= 1 and len(leaders) == 4
+    copies = Counter(r for replicas in placed.values() for r in replicas)
+    assert copies["c"] == copies["d"] == 8  # the only nodes of their racks
+
+
+def test_placed_replica_sets_stay_and_drainers_take_none() -> None:
+    nodes = [NodeSlot("a"), NodeSlot("b"), NodeSlot("c"), NodeSlot("d", draining=True)]
+    current = {("p", "s", 0): ("d", "a", "b")}
+    placed = place_replicas(shards_of(("s", 3)), nodes, current, 3)
+    assert ("p", "s", 0) not in placed  # moving a replica set is a reassignment
+    assert all("d" not in replicas for replicas in placed.values())
+
+
+def test_no_shard_is_placed_under_replicated() -> None:
+    nodes = [NodeSlot("a"), NodeSlot("b"), NodeSlot("c", draining=True)]
+    assert place_replicas(shards_of(("s", 2)), nodes, {}, 3) == {}
+    assert len(place_replicas(shards_of(("s", 2)), nodes, {}, 2)) == 2

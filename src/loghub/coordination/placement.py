@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["NodeSlot", "ShardRef", "group_coordinator", "moves", "place"]
+__all__ = ["NodeSlot", "ShardRef", "group_coordinator", "moves", "place", "place_replicas"]
 
 # (project, logstore, shard_id)
 ShardRef = tuple[str, str, int]
@@ -91,6 +91,61 @@ def place(
         )
         assign(shard, best.node_id)
     return placement
+
+
+def place_replicas(
+    shards: Iterable[ShardRef],
+    nodes: Sequence[NodeSlot],
+    current: Mapping[ShardRef, Sequence[str]],
+    replication_factor: int,
+) -> dict[ShardRef, tuple[str, ...]]:
+    """The replicas of every shard not in ``current`` (those keep theirs: moving a replica
+    is a reassignment, which copies data, not a placement decision), the preferred leader
+    first. Shards are left out while fewer than ``replication_factor`` nodes can take
+    them: a shard never starts under-replicated.
+
+    Each replica goes to the node whose rack holds the fewest replicas of this shard, then
+    the fewest of the logstore, then holds the fewest replicas, then by node id; the
+    preferred leader is the chosen node that leads the fewest shards. So three replicas
+    land on three racks when there are three, and leaders spread like owners do in
+    ``place``."""
+    assert replication_factor >= 1, replication_factor
+    takers = sorted((n for n in nodes if not n.draining), key=lambda n: n.node_id)
+    by_id = {n.node_id: n for n in nodes}
+    counts: Counter[str] = Counter({n.node_id: 0 for n in takers})
+    leads: Counter[str] = Counter({n.node_id: 0 for n in takers})
+    rack_load: Counter[tuple[str, str, str]] = Counter()
+    for shard, replicas in current.items():
+        for position, node_id in enumerate(replicas):
+            counts[node_id] += 1
+            leads[node_id] += position == 0
+            rack = by_id[node_id].rack if node_id in by_id else ""
+            rack_load[(rack, shard[0], shard[1])] += 1
+    placed: dict[ShardRef, tuple[str, ...]] = {}
+    if len(takers) < replication_factor:
+        return placed
+    for shard in sorted(set(shards) - set(current)):
+        chosen: list[NodeSlot] = []
+        for _ in range(replication_factor):
+            racks_used = Counter(n.rack for n in chosen)
+            best = min(
+                (n for n in takers if n not in chosen),
+                key=lambda n: (
+                    racks_used[n.rack],
+                    rack_load[(n.rack, shard[0], shard[1])],
+                    counts[n.node_id],
+                    n.node_id,
+                ),
+            )
+            chosen.append(best)
+        leader = min(chosen, key=lambda n: (leads[n.node_id], counts[n.node_id], n.node_id))
+        ordered = (leader, *(n for n in chosen if n is not leader))
+        for node in ordered:
+            counts[node.node_id] += 1
+            rack_load[(node.rack, shard[0], shard[1])] += 1
+        leads[leader.node_id] += 1
+        placed[shard] = tuple(n.node_id for n in ordered)
+    return placed
 
 
 def moves(

@@ -74,6 +74,7 @@ __all__ = [
     "FollowerProgress",
     "LeaderState",
     "LineageTruncation",
+    "LogPosition",
     "Record",
     "ReplicaLog",
     "ReplicaRole",
@@ -83,17 +84,22 @@ __all__ = [
     "append_records_max",
     "become_follower",
     "become_leader",
+    "check_fetch_epoch",
     "clean_election",
     "compare_and_swap",
     "crash",
+    "diverging_epoch",
     "fetch_records_max",
     "fetch_request",
     "follow_fetch_response",
+    "follower_progress",
     "fsync",
     "handle_fetch",
     "is_acknowledged",
     "isr_change",
     "isr_changed",
+    "isr_high_watermark",
+    "lineage_cut",
     "next_role",
     "propose_isr",
     "readable_records",
@@ -207,6 +213,25 @@ class EpochCache:
 
 
 # -- one replica's log ---------------------------------------------------------------------
+
+
+class LogPosition(Protocol):
+    """What the leader's and follower's rules read of a replica's log: its ends, its high
+    watermark and its epochs, not its records. ``ReplicaLog`` is one; the data plane
+    (``loghub.cluster.replication``) passes a snapshot of a real shard log, so both run
+    the same rules."""
+
+    @property
+    def log_end_offset(self) -> int: ...
+
+    @property
+    def fsynced_end_offset(self) -> int: ...
+
+    @property
+    def high_watermark(self) -> int: ...
+
+    @property
+    def epochs(self) -> EpochCache: ...
 
 
 @dataclass(frozen=True)
@@ -390,6 +415,22 @@ def handle_fetch(
     epoch diverges from this log gets the diverging epoch and nothing else is noted; a valid
     one notes the follower's progress."""
     assert 1 <= records_max <= fetch_records_max, records_max
+    check_fetch_epoch(leader, request)
+    assert request.replica_id != leader.replica_id, request
+    diverging = diverging_epoch(log, request)
+    if diverging is not None:
+        return log, leader, FetchResponse(leader.leader_epoch, log.high_watermark, diverging, ())
+    progress = follower_progress(leader, log, request, now_ms)
+    leader = replace(leader, followers={**leader.followers, request.replica_id: progress})
+    log = advance_high_watermark(log, leader)
+    end = request.fetch_offset + records_max
+    records = log.records[request.fetch_offset : end]
+    return log, leader, FetchResponse(leader.leader_epoch, log.high_watermark, None, records)
+
+
+def check_fetch_epoch(leader: LeaderState, request: FetchRequest) -> None:
+    """``FencedError`` when a fetch is for another epoch than the leader's, or comes from a
+    log that knows a newer one: the follower or this leader is stale."""
     if (
         request.leader_epoch != leader.leader_epoch
         or request.last_fetched_epoch > leader.leader_epoch
@@ -399,19 +440,9 @@ def handle_fetch(
             f"has epoch {request.last_fetched_epoch}), but {leader.replica_id} leads epoch "
             f"{leader.leader_epoch}"
         )
-    assert request.replica_id != leader.replica_id, request
-    diverging = _diverging(log, request)
-    if diverging is not None:
-        return log, leader, FetchResponse(leader.leader_epoch, log.high_watermark, diverging, ())
-    progress = _progress(leader, log, request, now_ms)
-    leader = replace(leader, followers={**leader.followers, request.replica_id: progress})
-    log = advance_high_watermark(log, leader)
-    end = request.fetch_offset + records_max
-    records = log.records[request.fetch_offset : end]
-    return log, leader, FetchResponse(leader.leader_epoch, log.high_watermark, None, records)
 
 
-def _diverging(log: ReplicaLog, request: FetchRequest) -> EpochEndOffset | None:
+def diverging_epoch(log: LogPosition, request: FetchRequest) -> EpochEndOffset | None:
     """The answer to a fetch whose last epoch leaves this log's lineage (KIP-595), or None
     when the follower's log is a prefix of this one."""
     if request.last_fetched_epoch == UNDEFINED_EPOCH:
@@ -423,8 +454,8 @@ def _diverging(log: ReplicaLog, request: FetchRequest) -> EpochEndOffset | None:
     return None
 
 
-def _progress(
-    leader: LeaderState, log: ReplicaLog, request: FetchRequest, now_ms: int
+def follower_progress(
+    leader: LeaderState, log: LogPosition, request: FetchRequest, now_ms: int
 ) -> FollowerProgress:
     """Kafka's rule for "caught up": the follower had fetched the leader's whole log, as it
     is now or as it was at its previous fetch (so that a steady stream of writes does not
@@ -448,21 +479,28 @@ def advance_high_watermark(log: ReplicaLog, leader: LeaderState) -> ReplicaLog:
     """The log with the leader's high watermark raised to the least fsynced end over the
     ISR, once every ISR member has fetched in this epoch. Never lowered: what consumers
     were allowed to read stays readable."""
-    fsynced_ends = [log.fsynced_end_offset]
-    for member in leader.record.isr:
-        if member != leader.replica_id:
-            progress = leader.followers.get(member)
-            if progress is None:
-                return log  # not heard from in this epoch: its log is unknown
-            fsynced_ends.append(progress.fsynced_end_offset)
-    high_watermark = min(fsynced_ends)
-    if high_watermark <= log.high_watermark:
+    high_watermark = isr_high_watermark(leader, log.fsynced_end_offset)
+    if high_watermark is None or high_watermark <= log.high_watermark:
         return log
     return ReplicaLog(log.records, log.epochs, log.fsynced_end_offset, high_watermark)
 
 
+def isr_high_watermark(leader: LeaderState, own_fsynced_end_offset: int) -> int | None:
+    """The least fsynced end over the ISR (the leader's own ``own_fsynced_end_offset``
+    included), or None while an ISR member has not fetched in this epoch (its log is
+    unknown). The caller raises its high watermark to it, never lowers it."""
+    fsynced_ends = [own_fsynced_end_offset]
+    for member in leader.record.isr:
+        if member != leader.replica_id:
+            progress = leader.followers.get(member)
+            if progress is None:
+                return None
+            fsynced_ends.append(progress.fsynced_end_offset)
+    return min(fsynced_ends)
+
+
 def isr_change(
-    log: ReplicaLog, leader: LeaderState, now_ms: int, replica_lag_ms: int
+    log: LogPosition, leader: LeaderState, now_ms: int, replica_lag_ms: int
 ) -> tuple[str, ...] | None:
     """The ISR the leader should propose, or None when it is right as it is.
 
@@ -544,13 +582,19 @@ class LineageTruncation:
     def on_follow(self, log: ReplicaLog) -> int | None:
         return None
 
-    def on_diverging(self, log: ReplicaLog, answer: EpochEndOffset) -> int:
-        own = log.epochs.end_offset_for_epoch(answer.leader_epoch, log.log_end_offset)
-        if own.leader_epoch == UNDEFINED_EPOCH:
-            return 0  # no epoch at all: an empty log
-        if own.leader_epoch == answer.leader_epoch:
-            return min(answer.end_offset, own.end_offset)
-        return own.end_offset
+    def on_diverging(self, log: LogPosition, answer: EpochEndOffset) -> int:
+        return lineage_cut(log, answer)
+
+
+def lineage_cut(log: LogPosition, answer: EpochEndOffset) -> int:
+    """Where the lineage rule cuts ``log`` on the leader's answer (see
+    ``LineageTruncation``)."""
+    own = log.epochs.end_offset_for_epoch(answer.leader_epoch, log.log_end_offset)
+    if own.leader_epoch == UNDEFINED_EPOCH:
+        return 0  # no epoch at all: an empty log
+    if own.leader_epoch == answer.leader_epoch:
+        return min(answer.end_offset, own.end_offset)
+    return own.end_offset
 
 
 LINEAGE_TRUNCATION = LineageTruncation()
