@@ -39,7 +39,9 @@ from typing import Protocol
 
 from loghub.cluster.etcd_store import EtcdStore, Fence, end_if_cancelled
 from loghub.cluster.membership import DRAIN_PREFIX, NODES_PREFIX, ControllerRole, read_nodes
-from loghub.coordination.placement import NodeSlot, ShardRef, place
+from loghub.cluster.replicas import ReplicaRecord, read_replica_records_at, replica_key
+from loghub.coordination.placement import NodeSlot, ShardRef, place, place_replicas
+from loghub.coordination.replica import clean_election
 from loghub.errors import ControlPlaneError, FencedError, LogHubError
 from loghub.metadata.models import Shard
 
@@ -141,11 +143,13 @@ class Controller:
         role: ControllerRole,
         catalog: Catalog,
         round_interval_s: float = 1.0,
+        replication_factor: int = 1,
     ) -> None:
         self.store = store
         self.role = role
         self.catalog = catalog
         self.round_interval_s = round_interval_s
+        self.replication_factor = replication_factor
         self._wake = asyncio.Event()
         self.rounds = 0
 
@@ -194,6 +198,9 @@ class Controller:
     async def run_round(self, fence: Fence) -> None:
         nodes = await read_nodes(self.store)
         slots = [NodeSlot(n.node_id, n.rack, n.draining) for n in nodes.values()]
+        if self.replication_factor > 1:
+            await self._replicate(fence, slots)
+            return
         records = await read_placements(self.store)
         logstores = await asyncio.to_thread(self.catalog.all_logstores)
         for project, logstore in logstores:
@@ -249,3 +256,51 @@ class Controller:
                     project, logstore, shard_id, old_owner, child.shard_id, new_owner,
                 )  # fmt: skip
         return PlacementRecord(project, logstore, owners, handover, record.mod_revision)
+
+    # --- replicated shards (``--replication-factor`` above 1) ------------------------------
+
+    async def _replicate(self, fence: Fence, slots: list[NodeSlot]) -> None:
+        """Gives every writable shard without replicas its replica set (the preferred
+        leader leads epoch 1, every replica in sync), and elects a new leader, from the ISR
+        only, for every shard whose leader is gone. Planned moves (drains, the preferred
+        leader's return) are made by the leaders themselves (``replication.ReplicaManager``),
+        which can wait for their ISR to catch up first."""
+        records, _revision = await read_replica_records_at(self.store)
+        live = {slot.node_id for slot in slots}
+        ready = [slot.node_id for slot in slots if not slot.draining]
+        current = {key: record.replicas for key, record in records.items()}
+        missing: list[ShardRef] = []
+        for project, logstore in await asyncio.to_thread(self.catalog.all_logstores):
+            shards = await asyncio.to_thread(self.catalog.list_shards, project, logstore)
+            missing += [
+                (project, logstore, s.shard_id)
+                for s in shards
+                if s.status == "readwrite" and (project, logstore, s.shard_id) not in records
+            ]
+        placed = place_replicas(missing, slots, current, self.replication_factor)
+        for (project, logstore, shard_id), replicas in sorted(placed.items()):
+            record = ReplicaRecord(project, logstore, shard_id, replicas, replicas[0], 1,
+                                   replicas)  # fmt: skip
+            key = replica_key(project, logstore, shard_id)
+            if await self.store.compare_and_swap(key, record.encode(), 0, fence=fence):
+                log.info("controller: %s/%s shard %d on %s", project, logstore, shard_id,
+                         list(replicas))  # fmt: skip
+        for record in records.values():
+            if record.leader in live:
+                continue
+            # the live replicas, those not draining first, in the record's preference order
+            order = [r for r in record.replicas if r in ready]
+            order += [r for r in record.replicas if r in live and r not in ready]
+            election = clean_election(record.leadership(), order)
+            if election is None:
+                log.warning(
+                    "controller: %s/%s shard %d waits: no in-sync replica of %s is alive",
+                    record.project, record.logstore, record.shard_id, list(record.isr),
+                )  # fmt: skip
+                continue
+            if await record.swap(self.store, record.with_leadership(election), fence):
+                log.info(
+                    "controller: %s/%s shard %d: %s leads epoch %d (was %s)",
+                    record.project, record.logstore, record.shard_id, election.leader,
+                    election.leader_epoch, record.leader,
+                )  # fmt: skip

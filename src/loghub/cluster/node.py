@@ -41,6 +41,8 @@ from loghub.cluster.membership import (
     NodeMembership,
     read_nodes_at,
 )
+from loghub.cluster.replicas import REPLICAS_PREFIX, read_replica_records_at
+from loghub.cluster.replication import ReplicaManager
 from loghub.cluster.status import summarize
 from loghub.errors import ControlPlaneError, LogHubError
 
@@ -78,6 +80,7 @@ class NodeAgent:
         local: LocalLogs,
         ttl_s: int = 3,
         round_interval_s: float = 1.0,
+        replication: ReplicaManager | None = None,
     ) -> None:
         self.store = store
         self.catalog = catalog
@@ -86,13 +89,21 @@ class NodeAgent:
         self.round_interval_s = round_interval_s
         self.membership = NodeMembership(store, info, ttl_s=ttl_s)
         self.role = ControllerRole(self.membership)
-        self.controller = Controller(store, self.role, catalog, round_interval_s)
+        # replicated shards (``--replication-factor`` above 1): their records, leaders and
+        # followers; None with one replica per shard (placement records and hand-overs)
+        self.replication = replication
+        self.replication_factor = replication.settings.replication_factor if replication else 1
+        self.controller = self._new_controller()
         self._stopping = False
         self.nodes: dict[str, NodeInfo] = {}
         self.placements: dict[tuple[str, str], PlacementRecord] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._handing_over: set[tuple[str, str, int]] = set()
         self.on_change: Callable[[], None] | None = None
+
+    def _new_controller(self) -> Controller:
+        return Controller(self.store, self.role, self.catalog, self.round_interval_s,
+                          self.replication_factor)  # fmt: skip
 
     @property
     def node_id(self) -> str:
@@ -110,6 +121,15 @@ class NodeAgent:
         await self.membership.start()
         nodes_revision = await self._reload_nodes()
         self.placements, placements_revision = await read_placements_at(self.store)
+        replicas_task = []
+        if self.replication is not None:
+            await self.replication.start()
+            replicas_revision = await self._reload_replicas()
+            replicas_task = [
+                asyncio.create_task(
+                    self._watch(REPLICAS_PREFIX, self._reload_replicas, replicas_revision)
+                )
+            ]
         # each watch starts right after the read its view came from: a change in between
         # (the controller placing shards on a node that has just registered) is delivered
         self._tasks = [
@@ -124,6 +144,7 @@ class NodeAgent:
             asyncio.create_task(self._run_controller()),
             asyncio.create_task(self._stay_member()),
             asyncio.create_task(self._drop_deleted_logs()),
+            *replicas_task,
         ]
         await self._act_on_placements()
 
@@ -135,17 +156,21 @@ class NodeAgent:
             # a task stuck in the etcd client (a watch being torn down) must not hold the
             # node's shutdown: it is left behind after a bound
             await asyncio.wait(self._tasks, timeout=_STOP_WAIT_S)
+        if self.replication is not None:
+            await self.replication.stop()
         await asyncio.wait_for(self.membership.stop(), _STOP_WAIT_S)
 
     # --- the view -----------------------------------------------------------------------
 
     def owner(self, project: str, logstore: str, shard_id: int) -> NodeInfo | None:
         """The node holding a shard's log, if it is placed and its node is alive."""
-        record = self.placements.get((project, logstore))
-        node_id = record.owners.get(shard_id) if record else None
+        node_id = self.owner_id(project, logstore, shard_id)
         return self.nodes.get(node_id) if node_id is not None else None
 
     def owner_id(self, project: str, logstore: str, shard_id: int) -> str | None:
+        """The node that serves a shard: its leader when it is replicated."""
+        if self.replication is not None:
+            return self.replication.leader_of((project, logstore, shard_id))
         record = self.placements.get((project, logstore))
         return record.owners.get(shard_id) if record else None
 
@@ -164,7 +189,12 @@ class NodeAgent:
         etcd's nodes, controller and placements), for its ``/metrics``."""
         drains = sorted(n.node_id for n in self.nodes.values() if n.draining)
         return summarize(
-            self.nodes, self._controller_id, self._controller_epoch, self.placements, drains
+            self.nodes,
+            self._controller_id,
+            self._controller_epoch,
+            self.placements,
+            drains,
+            self.replication.records if self.replication is not None else None,
         )
 
     async def _watch(
@@ -190,6 +220,8 @@ class NodeAgent:
             with contextlib.suppress(ControlPlaneError):
                 await self._reload_nodes()
                 await self._reload_placements()
+                if self.replication is not None:
+                    await self._reload_replicas()
 
     async def _reload_nodes(self) -> int:
         """Reads the live nodes and the controller; returns a store revision the view is at
@@ -199,6 +231,9 @@ class NodeAgent:
         current = next((e for e in controllers if e.key == CONTROLLER_KEY), None)
         self._controller_id = current.value.decode() if current else None
         self._controller_epoch = current.create_revision if current else None
+        me = self.nodes.get(self.node_id)
+        if self.replication is not None and me is not None:
+            self.replication.draining = me.draining
         if self.on_change:
             self.on_change()
         return min(nodes_revision, controller_revision)
@@ -209,6 +244,15 @@ class NodeAgent:
         if self.on_change:
             self.on_change()
         await self._act_on_placements()
+        return revision
+
+    async def _reload_replicas(self) -> int:
+        """Reads every replica record and takes the roles they give this node."""
+        assert self.replication is not None
+        records, revision = await read_replica_records_at(self.store)
+        await self.replication.reconcile(records)
+        if self.on_change:
+            self.on_change()
         return revision
 
     async def _run_controller(self) -> None:
@@ -239,8 +283,7 @@ class NodeAgent:
                     await asyncio.sleep(self.ttl_s / 3)
             self.membership = membership
             self.role = ControllerRole(membership)
-            self.controller = Controller(self.store, self.role, self.catalog,
-                                         self.round_interval_s)  # fmt: skip
+            self.controller = self._new_controller()
             await self._act_on_placements()
 
     async def _drop_deleted_logs(self) -> None:

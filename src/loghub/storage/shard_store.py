@@ -60,6 +60,10 @@ class ShardStore:
         self._logs: dict[tuple[str, int], ShardLog] = {}
         self._files = FileCache(config.open_files_max)
         self._closed = False
+        # replicated shards (a cluster with --replication-factor above 1): every log is
+        # opened with its high watermark kept apart from its end (the leader raises it as
+        # the in-sync replicas confirm), so nothing unconfirmed is read
+        self.replicated = False
 
     def shard(self, logstore_key: str, shard_id: int) -> ShardLog:
         """The shard's log, opened (and created) on first use."""
@@ -74,6 +78,8 @@ class ShardStore:
             if log is None:
                 label = f"shard {shard_id} of logstore {_logstore_name(logstore_key)}"
                 log = ShardLog.open(directory, self._config, self._clock, self._files, label)
+                if self.replicated:
+                    log.set_replicated(0)
                 self._logs[(logstore_key, shard_id)] = log
             return log
 

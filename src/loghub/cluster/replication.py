@@ -1,0 +1,581 @@
+"""The data plane of replication on one node: leading shards, following shards, acks.
+
+For every shard whose replica record (``loghub.cluster.replicas``) names this node, the
+``ReplicaManager`` runs one of two roles, by the rules of ``loghub.coordination.replica``
+(the same functions the seeded simulation drives, applied to the real shard log):
+
+- **Leader** (the record names this node leader in epoch E): stamps appends with E, answers
+  followers' fetches with byte ranges of its log (``handle_fetch``, a long poll at the log
+  end), raises the high watermark to the least fsynced end over the ISR, acknowledges a
+  write once the high watermark passed it (``committed``), and shrinks or grows the ISR by
+  compare-and-swap on the record. Writes are refused while the ISR is smaller than
+  ``min_insync_replicas``.
+- **Follower**: fetches from the leader at its log end, appends and fsyncs what comes
+  (``ShardLog.append_raw``), fetches again; its next fetch offset tells the leader what it
+  holds durably. On a diverging-epoch answer it cuts its log where the lineages part
+  (``lineage_cut``), never at its high watermark.
+
+A planned move of leadership (a drain, or the preferred replica back in the ISR) is made by
+the leader itself, with no write refused: it stops taking writes, waits until the high
+watermark reaches its log end (every ISR member holds everything), then writes the election
+of the successor by compare-and-swap. Writes that arrived meanwhile go to the successor.
+
+What a record change does here (``reconcile``, on every change the node's watch delivers):
+a new epoch for this node makes it leader (after its follower task has stopped, so no fetch
+appends under the leader); any other change of leader or epoch makes it a follower of the
+new leader and fails the acks still waiting on it (``ServerBusy``: the write may be kept or
+not, as after any timeout; the idempotent client's retry is de-duplicated).
+
+Thread-safety: everything runs on the node's event loop; shard log I/O goes to threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from loghub.cluster.etcd_store import EtcdStore
+from loghub.cluster.membership import NodeInfo
+from loghub.cluster.replicas import ReplicaRecord, ShardKey, replica_key
+from loghub.coordination.replica import (
+    EpochCache,
+    EpochEndOffset,
+    FetchRequest,
+    LeaderState,
+    check_fetch_epoch,
+    diverging_epoch,
+    follower_progress,
+    isr_change,
+    isr_high_watermark,
+    lineage_cut,
+)
+from loghub.errors import (
+    ControlPlaneError,
+    FencedError,
+    LogHubError,
+    NotEnoughReplicasError,
+    ServerBusy,
+)
+from loghub.metadata.cluster_store import ShardLeadership
+from loghub.storage import ShardLog
+
+__all__ = [
+    "FetchAnswer",
+    "LogSnapshot",
+    "ReplicaLogs",
+    "ReplicaManager",
+    "ReplicaTransport",
+    "ReplicationSettings",
+    "snapshot",
+]
+
+log = logging.getLogger("loghub.cluster")
+
+
+@dataclass(frozen=True)
+class ReplicationSettings:
+    """``loghub serve --cluster --replication-factor N``: the same on every node."""
+
+    replication_factor: int = 1
+    min_insync_replicas: int = 2
+    # a follower not caught up for this long leaves the ISR (writes wait for it until then)
+    replica_lag_ms: int = 3000
+    # how long a follower's fetch waits at the leader's log end for new records
+    fetch_wait_ms: int = 500
+    fetch_bytes_max: int = 8 * 1024 * 1024
+    # the longest a write waits for the ISR to hold it before it is answered ServerBusy
+    commit_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.replication_factor <= 7:
+            raise ValueError("--replication-factor must be 1 to 7")
+        if self.replication_factor > 1 and not (
+            1 <= self.min_insync_replicas <= self.replication_factor
+        ):
+            raise ValueError(
+                "--min-insync-replicas must be at least 1 and at most the replication factor"
+            )
+
+    @property
+    def replicated(self) -> bool:
+        return self.replication_factor > 1
+
+
+@dataclass(frozen=True)
+class LogSnapshot:
+    """A shard log's position as the replica rules read it (``replica.LogPosition``).
+    LogHub acknowledges appends after their fdatasync, so the fsynced end is the end."""
+
+    log_end_offset: int
+    fsynced_end_offset: int
+    high_watermark: int
+    epochs: EpochCache
+
+
+def snapshot(shard_log: ShardLog, leader_epoch: int | None = None, start: int = 0) -> LogSnapshot:
+    """``shard_log``'s position; with ``leader_epoch``, the epoch a leader took over at
+    ``start`` is in its epochs even before its first record (as ``become_leader`` has it)."""
+    end = shard_log.end_seq
+    epochs = EpochCache(tuple(shard_log.leader_epochs()))
+    if leader_epoch is not None and epochs.latest_epoch != leader_epoch:
+        epochs = epochs.assign(leader_epoch, start)
+    return LogSnapshot(end, end, shard_log.high_watermark_seq, epochs)
+
+
+@dataclass(frozen=True)
+class FetchAnswer:
+    """The leader's answer to a fetch: ``diverging`` (cut and ask again) or the framed
+    records from the fetch offset (``ShardLog.read_raw``), with its high watermark."""
+
+    leader_epoch: int
+    high_watermark: int
+    diverging: EpochEndOffset | None
+    records: bytes
+
+
+class ReplicaTransport(Protocol):
+    async def fetch(
+        self, node: NodeInfo, key: ShardKey, request: FetchRequest, wait_ms: int, bytes_max: int
+    ) -> FetchAnswer:
+        """The fetch sent to the leader on ``node``; errors as LogHub errors."""
+        ...
+
+
+class ReplicaLogs(Protocol):
+    def replica_log(self, project: str, logstore: str, shard_id: int) -> ShardLog:
+        """The node's log of a shard, opened (and recovered) but never sealed on open: a
+        follower of a read-only shard still copies its tail. Blocking."""
+        ...
+
+
+class _Leading:
+    """A leader's state for one shard in one epoch."""
+
+    def __init__(self, record: ReplicaRecord, shard_log: ShardLog, node_id: str) -> None:
+        self.record = record
+        self.shard_log = shard_log
+        start = shard_log.end_seq
+        self.state = LeaderState(node_id, record.leadership(), start, _now_ms())
+        self.waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self.appended = asyncio.Event()
+        self.handing_over = False
+        self.deposed = False
+
+    def snapshot(self) -> LogSnapshot:
+        return snapshot(self.shard_log, self.state.leader_epoch, self.state.epoch_start_offset)
+
+    def advance(self) -> None:
+        """Raises the high watermark to what the ISR holds and resolves the acks it passed."""
+        high_watermark = isr_high_watermark(self.state, self.shard_log.end_seq)
+        if high_watermark is not None:
+            self.shard_log.advance_high_watermark(high_watermark)
+        committed = self.shard_log.high_watermark_seq
+        if not self.waiters:
+            return
+        waiting = []
+        for end, future in self.waiters:
+            if end <= committed:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                waiting.append((end, future))
+        self.waiters = waiting
+
+    def fail_waiters(self, why: str) -> None:
+        for _end, future in self.waiters:
+            if not future.done():
+                future.set_exception(ServerBusy(why))
+        self.waiters = []
+
+
+class ReplicaManager:
+    """Leads and follows this node's replicas of replicated shards (module docstring)."""
+
+    def __init__(
+        self,
+        node_id: str,
+        settings: ReplicationSettings,
+        logs: ReplicaLogs,
+        transport: ReplicaTransport,
+        store: EtcdStore | None,
+        nodes: Callable[[], Mapping[str, NodeInfo]],
+    ) -> None:
+        self.node_id = node_id
+        self.settings = settings
+        self._logs = logs
+        self._transport = transport
+        self._store = store
+        self._nodes = nodes
+        self.records: dict[ShardKey, ReplicaRecord] = {}
+        self._leading: dict[ShardKey, _Leading] = {}
+        self._following: dict[ShardKey, tuple[ReplicaRecord, asyncio.Task[None]]] = {}
+        self._isr_task: asyncio.Task[None] | None = None
+        self._reconciling = asyncio.Lock()
+        self._closed = False
+        # shards whose leadership this node is handing over (drain, preferred leader)
+        self._moving: set[ShardKey] = set()
+        self.draining = False
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._isr_task = asyncio.create_task(self._maintain())
+
+    async def stop(self) -> None:
+        self._closed = True
+        tasks = [task for _record, task in self._following.values()]
+        if self._isr_task is not None:
+            tasks.append(self._isr_task)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=3.0)
+        for leading in self._leading.values():
+            leading.fail_waiters("the node is shutting down; the write may or may not be kept")
+
+    # --- the view ------------------------------------------------------------------------
+
+    def leader_of(self, key: ShardKey) -> str | None:
+        record = self.records.get(key)
+        return None if record is None else record.leader
+
+    def leads(self, key: ShardKey) -> bool:
+        """Whether this node takes writes for the shard now: it leads the record's epoch
+        and is not handing the shard over."""
+        leading = self._leading.get(key)
+        return leading is not None and not leading.handing_over and not leading.deposed
+
+    def under_replicated(self) -> list[ShardKey]:
+        """Shards this node leads whose ISR is smaller than their replica set."""
+        return [
+            key
+            for key, leading in self._leading.items()
+            if len(leading.state.record.isr) < len(leading.record.replicas)
+        ]
+
+    async def reconcile(self, records: Mapping[ShardKey, ReplicaRecord]) -> None:
+        """Takes the roles ``records`` give this node (see the module docstring)."""
+        async with self._reconciling:
+            self.records = dict(records)
+            for key in list(self._leading):
+                record = records.get(key)
+                leading = self._leading[key]
+                if (
+                    record is None
+                    or record.leader != self.node_id
+                    or record.epoch != leading.state.leader_epoch
+                ):
+                    self._depose(key, record)
+                elif record.mod_revision > leading.state.record.version:
+                    # our own ISR change (or another's made while we lead: none may be)
+                    leading.record = record
+                    leading.state = replace(leading.state, record=record.leadership())
+                    leading.advance()
+            for key, (followed, task) in list(self._following.items()):
+                record = records.get(key)
+                if record is None or self.node_id not in record.replicas:
+                    task.cancel()
+                    del self._following[key]
+                elif record.leader == self.node_id or (
+                    record.leader,
+                    record.epoch,
+                ) != (followed.leader, followed.epoch):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+                    del self._following[key]
+            for key, record in records.items():
+                if self.node_id not in record.replicas or self._closed:
+                    continue
+                if record.leader == self.node_id:
+                    if key not in self._leading:
+                        await self._lead(record)
+                elif key not in self._following:
+                    self._following[key] = (record, asyncio.create_task(self._follow(key)))
+
+    def _depose(self, key: ShardKey, record: ReplicaRecord | None) -> None:
+        leading = self._leading.pop(key)
+        leading.deposed = True
+        leading.appended.set()
+        leading.fail_waiters(
+            f"shard {key[2]} of {key[1]}: the leader changed while the write waited for its "
+            "replicas; it may or may not be kept; retry"
+        )
+        log.info(
+            "%s/%s shard %d: %s no longer leads epoch %d (now %s)",
+            key[0], key[1], key[2], self.node_id, leading.state.leader_epoch,
+            None if record is None else f"{record.leader} in epoch {record.epoch}",
+        )  # fmt: skip
+
+    async def _lead(self, record: ReplicaRecord) -> None:
+        try:
+            shard_log = await asyncio.to_thread(self._logs.replica_log, *record.key)
+        except LogHubError as exc:
+            log.warning("%s: cannot open the log to lead it: %s", record.key, exc)
+            return
+        if shard_log.leader_epoch > record.epoch:
+            log.error("%s: the log has epoch %d, above the record's %d", record.key,
+                      shard_log.leader_epoch, record.epoch)  # fmt: skip
+            return
+        if any(epoch == record.epoch for epoch, _start in shard_log.leader_epochs()):
+            # this node led the epoch before it restarted: a replica that restarts comes
+            # back as a follower (KIP-966), so leading again takes a new election, of itself
+            # with the same ISR (clean: it is in the ISR), in the next epoch
+            if self._store is not None:
+                election = ShardLeadership(
+                    record.leader, record.epoch + 1, record.isr, record.mod_revision + 1
+                )
+                await record.swap(self._store, record.with_leadership(election))
+            return
+        shard_log.set_leader_epoch(record.epoch)
+        self._leading[record.key] = _Leading(record, shard_log, self.node_id)
+        log.info(
+            "%s/%s shard %d: %s leads epoch %d from %d, ISR %s",
+            record.project, record.logstore, record.shard_id, self.node_id, record.epoch,
+            shard_log.end_seq, list(record.isr),
+        )  # fmt: skip
+
+    # --- the leader's side ---------------------------------------------------------------
+
+    def check_writable(self, key: ShardKey) -> None:
+        """Before an append: ``NotEnoughReplicasError`` when the ISR is too small for the
+        write ever to be acknowledged. (Leadership is checked by ``leads``.)"""
+        leading = self._leading.get(key)
+        if leading is None:
+            return
+        isr = leading.state.record.isr
+        if len(isr) < self.settings.min_insync_replicas:
+            raise NotEnoughReplicasError(
+                f"shard {key[2]} of {key[1]} has {len(isr)} in-sync replicas {list(isr)}, "
+                f"fewer than min_insync_replicas={self.settings.min_insync_replicas}; try again"
+            )
+
+    async def committed(self, key: ShardKey, end_seq: int) -> None:
+        """Returns once the records before ``end_seq`` are held by every ISR member (the
+        high watermark passed them) and the ISR is large enough; the write's ack."""
+        leading = self._leading.get(key)
+        if leading is None:
+            raise ServerBusy(
+                f"shard {key[2]} of {key[1]}: the leader changed while the write was appended;"
+                " it may or may not be kept; retry"
+            )
+        leading.appended.set()
+        leading.advance()
+        if leading.shard_log.high_watermark_seq < end_seq:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            leading.waiters.append((end_seq, future))
+            try:
+                await asyncio.wait_for(future, self.settings.commit_timeout_s)
+            except TimeoutError:
+                raise ServerBusy(
+                    f"shard {key[2]} of {key[1]}: the in-sync replicas did not confirm the write "
+                    f"within {self.settings.commit_timeout_s:g} s; it may or may not be kept"
+                ) from None
+        if len(leading.state.record.isr) < self.settings.min_insync_replicas:
+            raise NotEnoughReplicasError(
+                f"shard {key[2]} of {key[1]}: the in-sync replicas shrank below "
+                f"min_insync_replicas={self.settings.min_insync_replicas} after the append; "
+                "it may or may not be kept; retry"
+            )
+
+    def committed_blocking(self, key: ShardKey, end_seq: int) -> None:
+        """``committed`` for a caller on a thread (the Kafka front end's writes)."""
+        call = asyncio.run_coroutine_threadsafe(self.committed(key, end_seq), self._loop)
+        call.result(self.settings.commit_timeout_s + 5)
+
+    async def handle_fetch(
+        self, key: ShardKey, request: FetchRequest, wait_ms: int, bytes_max: int
+    ) -> FetchAnswer:
+        """A follower's fetch (see the module docstring); ``ServerBusy`` when this node does
+        not lead the epoch the follower names."""
+        leading = self._leading.get(key)
+        if leading is None or leading.deposed:
+            raise ServerBusy(f"node {self.node_id} does not lead shard {key[2]} of {key[1]}")
+        try:
+            check_fetch_epoch(leading.state, request)
+        except FencedError as exc:
+            raise ServerBusy(str(exc)) from None
+        if request.replica_id not in leading.record.replicas or request.replica_id == self.node_id:
+            raise ServerBusy(f"{request.replica_id} is not a replica of shard {key[2]}")
+        view = leading.snapshot()
+        diverging = diverging_epoch(view, request)
+        if diverging is not None:
+            return FetchAnswer(leading.state.leader_epoch, view.high_watermark, diverging, b"")
+        progress = follower_progress(leading.state, view, request, _now_ms())
+        leading.state = replace(
+            leading.state, followers={**leading.state.followers, request.replica_id: progress}
+        )
+        leading.advance()
+        if request.fetch_offset >= leading.shard_log.end_seq and wait_ms > 0:
+            leading.appended.clear()
+            if request.fetch_offset >= leading.shard_log.end_seq:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(leading.appended.wait(), wait_ms / 1000)
+        records = b""
+        if request.fetch_offset < leading.shard_log.end_seq and not leading.deposed:
+            records = await asyncio.to_thread(
+                leading.shard_log.read_raw, request.fetch_offset, bytes_max
+            )
+        return FetchAnswer(
+            leading.state.leader_epoch, leading.shard_log.high_watermark_seq, None, records
+        )
+
+    async def _maintain(self) -> None:
+        """The leaders' ISR changes, and planned moves of leadership, every quarter of the
+        lag bound."""
+        interval = max(0.05, self.settings.replica_lag_ms / 4000)
+        while not self._closed:
+            await asyncio.sleep(interval)
+            for key, leading in list(self._leading.items()):
+                try:
+                    await self._check_isr(key, leading)
+                    await self._move_if_wanted(key, leading)
+                except (ControlPlaneError, LogHubError) as exc:
+                    log.warning("%s: ISR or leadership change failed: %s", key, exc)
+
+    async def _check_isr(self, key: ShardKey, leading: _Leading) -> None:
+        if leading.deposed or self._store is None:
+            return
+        view = leading.snapshot()
+        wanted = isr_change(view, leading.state, _now_ms(), self.settings.replica_lag_ms)
+        if wanted is None:
+            return
+        changed = leading.record.with_leadership(replace(leading.state.record, isr=wanted))
+        if not await leading.record.swap(self._store, changed):
+            return  # the record moved on: the watch brings it (and maybe a new leader)
+        entry = await self._store.get(_key_of(key))
+        if entry is None or leading.deposed:
+            return
+        fresh = ReplicaRecord.decode(entry.key, entry.value, entry.mod_revision)
+        if (fresh.leader, fresh.epoch, fresh.isr) == (self.node_id, leading.state.leader_epoch,
+                                                      wanted):  # fmt: skip
+            leading.record = fresh
+            leading.state = replace(leading.state, record=fresh.leadership())
+            leading.advance()
+            log.info("%s/%s shard %d: ISR now %s", key[0], key[1], key[2], list(wanted))
+
+    def _successor(self, leading: _Leading) -> str | None:
+        """Whom to hand the shard over to: on a drain, the first live ISR member that is not
+        draining; else the preferred replica when it is in the ISR and this node is not it."""
+        nodes = self._nodes()
+        isr = leading.state.record.isr
+        preferred = leading.record.replicas[0]
+        if self.draining:
+            for member in (*leading.record.replicas,):
+                node = nodes.get(member)
+                if member != self.node_id and member in isr and node and not node.draining:
+                    return member
+            return None
+        node = nodes.get(preferred)
+        if preferred != self.node_id and preferred in isr and node and not node.draining:
+            # only once it has fetched in this epoch and is caught up
+            progress = leading.state.followers.get(preferred)
+            if progress is not None and _now_ms() - progress.caught_up_ms <= 500:
+                return preferred
+        return None
+
+    async def _move_if_wanted(self, key: ShardKey, leading: _Leading) -> None:
+        successor = self._successor(leading)
+        if successor is None or leading.deposed or self._store is None:
+            return
+        if not self.draining and _now_ms() - leading.state.since_ms < 5000:
+            return  # a leader keeps the shard a while before giving it back
+        await self.hand_over(key, successor)
+
+    async def hand_over(self, key: ShardKey, successor: str, wait_s: float = 5.0) -> bool:
+        """A planned move of leadership to ``successor`` (an ISR member), refusing no
+        write: new writes wait, the ISR catches up with the log end, then the successor's
+        election is written (the next epoch). False when it did not happen (the ISR did not
+        catch up in ``wait_s``, or the record changed)."""
+        leading = self._leading.get(key)
+        if leading is None or key in self._moving or self._store is None:
+            return False
+        self._moving.add(key)
+        leading.handing_over = True
+        try:
+            deadline = time.monotonic() + wait_s
+            while leading.shard_log.high_watermark_seq < leading.shard_log.end_seq:
+                if leading.deposed or time.monotonic() > deadline:
+                    return False
+                await asyncio.sleep(0.002)
+            record = leading.record
+            election = ShardLeadership(
+                successor, record.epoch + 1, (successor, *(m for m in record.isr
+                                                          if m != successor)),
+                record.mod_revision + 1,
+            )  # fmt: skip
+            if not await record.swap(self._store, record.with_leadership(election)):
+                return False
+            log.info("%s/%s shard %d: leadership handed to %s (epoch %d)", key[0], key[1],
+                     key[2], successor, election.leader_epoch)  # fmt: skip
+            return True
+        finally:
+            leading.handing_over = False
+            self._moving.discard(key)
+
+    # --- the follower's side -------------------------------------------------------------
+
+    async def _follow(self, key: ShardKey) -> None:
+        backoff = 0.05
+        shard_log: ShardLog | None = None
+        while not self._closed:
+            record = self.records.get(key)
+            if record is None or record.leader == self.node_id:
+                return
+            try:
+                if shard_log is None:
+                    shard_log = await asyncio.to_thread(self._logs.replica_log, *key)
+                node = self._nodes().get(record.leader)
+                if node is None:
+                    raise ServerBusy(f"leader {record.leader} is not alive")
+                view = snapshot(shard_log)
+                request = FetchRequest(
+                    self.node_id,
+                    record.epoch,
+                    view.log_end_offset,
+                    view.epochs.latest_epoch,
+                    view.fsynced_end_offset,
+                )
+                answer = await self._transport.fetch(
+                    node, key, request, self.settings.fetch_wait_ms, self.settings.fetch_bytes_max
+                )
+                if answer.diverging is not None:
+                    cut = lineage_cut(view, answer.diverging)
+                    log.info("%s: cutting the log at %d (diverging epoch %s)", key, cut,
+                             answer.diverging)  # fmt: skip
+                    await _uncancellable(shard_log.truncate_to, cut)
+                    continue
+                if answer.records:
+                    await _uncancellable(shard_log.append_raw, answer.records)
+                shard_log.advance_high_watermark(min(answer.high_watermark, shard_log.end_seq))
+                backoff = 0.05
+            except asyncio.CancelledError:
+                raise
+            except (LogHubError, OSError) as exc:
+                log.debug("%s: fetch from %s failed: %s", key, record.leader, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(0.5, backoff * 2)
+
+
+def _key_of(key: ShardKey) -> str:
+    return replica_key(*key)
+
+
+async def _uncancellable(function: Callable[..., object], *args: object) -> None:
+    """Runs blocking ``function`` in a thread to its end even when the caller is cancelled
+    (a log write must not go on after its task is thought stopped), then re-raises."""
+    work = asyncio.ensure_future(asyncio.to_thread(function, *args))
+    try:
+        await asyncio.shield(work)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await work
+        raise
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
