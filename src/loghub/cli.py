@@ -312,6 +312,15 @@ def serve(
     node_ttl_s: Annotated[
         int, typer.Option(help="seconds without contact after which a node is gone", min=1)
     ] = 3,
+    replication_factor: Annotated[
+        int, typer.Option(help="copies of each shard, on that many nodes (same on every node)")
+    ] = 1,
+    min_insync_replicas: Annotated[
+        int, typer.Option(help="writes are refused while fewer replicas are in sync")
+    ] = 2,
+    replica_lag_ms: Annotated[
+        int, typer.Option(help="a follower behind for this long leaves the in-sync replicas")
+    ] = 3000,
 ) -> None:
     """Run a LogHub server (alone, or as a node of a cluster with --cluster)."""
     from loghub.server import ServerConfig, load_key_grants, load_keys
@@ -356,7 +365,14 @@ def serve(
             shard_write_bytes_per_s, shard_write_requests_per_s, shard_read_bytes_per_s
         ),
         limits=Limits(**given_limits),
-        cluster=_cluster_config(cluster, node_id, advertise or f"{host}:{port}", rack, node_ttl_s),
+        cluster=_cluster_config(
+            cluster,
+            node_id,
+            advertise or f"{host}:{port}",
+            rack,
+            node_ttl_s,
+            (replication_factor, min_insync_replicas, replica_lag_ms),
+        ),
     )
     front_ends = _kafka_front_end(server_config)
     try:
@@ -388,11 +404,18 @@ def _kafka_front_end(config: ServerConfig) -> list[Any]:
 
 
 def _cluster_config(
-    url: str | None, node_id: str | None, advertise: str, rack: str, node_ttl_s: int
+    url: str | None,
+    node_id: str | None,
+    advertise: str,
+    rack: str,
+    node_ttl_s: int,
+    replication: tuple[int, int, int] = (1, 2, 3000),
 ) -> ClusterConfig | None:
     if url is None:
         if node_id is not None or rack:
             raise typer.BadParameter("--node-id and --rack need --cluster")
+        if replication[0] != 1:
+            raise typer.BadParameter("--replication-factor needs --cluster")
         return None
     if not node_id:
         raise typer.BadParameter("--cluster needs --node-id")
@@ -400,7 +423,7 @@ def _cluster_config(
         from loghub.cluster.etcd_store import parse_endpoints
 
         parse_endpoints(url)
-        return ClusterConfig(url, node_id, advertise, rack, node_ttl_s)
+        return ClusterConfig(url, node_id, advertise, rack, node_ttl_s, *replication)
     except (ValueError, LogHubError) as exc:
         raise typer.BadParameter(str(exc)) from exc
 
@@ -542,7 +565,8 @@ def shard_list(
 
 @cluster_app.command("status")
 def cluster_status(cluster: ClusterUrl, as_json: AsJson = False) -> None:
-    """Nodes, the controller, shards per node, and shards whose node is gone."""
+    """Nodes, the controller, shards per node, shards whose node is gone, and replicated
+    shards with fewer replicas in sync than they have."""
     import asyncio
 
     from loghub.cluster.status import cluster_status as read_status
@@ -556,17 +580,28 @@ def cluster_status(cluster: ClusterUrl, as_json: AsJson = False) -> None:
         f"controller: {status['controller'] or '(none elected)'}"
         + (f" (epoch {status['controller_epoch']})" if status["controller"] else "")
     )
-    table = Table("node", "advertise", "rack", "draining", "shards", "kafka (broker id)")
+    table = Table(
+        "node", "advertise", "rack", "draining", "shards", "replicas", "kafka (broker id)"
+    )
     for node in status["nodes"]:
         kafka = f"{node['kafka']} ({node['kafka_broker_id']})" if node["kafka"] else ""
         table.add_row(node["node"], node["advertise"], node["rack"],
-                      "yes" if node["draining"] else "", str(node["shards"]), kafka)  # fmt: skip
+                      "yes" if node["draining"] else "", str(node["shards"]),
+                      str(node["replicas"]), kafka)  # fmt: skip
     console.print(table)
     gone = status["unavailable_shards"]
     console.print(f"unavailable shards: {len(gone)}")
     for shard in gone:
         console.print(
             f"  {shard['project']}/{shard['logstore']} shard {shard['shard']} on {shard['node']}"
+        )
+    lagging = status["under_replicated_shards"]
+    console.print(f"under-replicated shards: {len(lagging)}")
+    for shard in lagging:
+        console.print(
+            f"  {shard['project']}/{shard['logstore']} shard {shard['shard']}: leader "
+            f"{shard['leader']} (epoch {shard['epoch']}), in sync {', '.join(shard['isr'])} "
+            f"of {', '.join(shard['replicas'])}"
         )
 
 

@@ -48,6 +48,7 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 
 from loghub._clock import Clock, SystemClock
+from loghub.coordination.replica import FetchRequest
 from loghub.errors import (
     IndexConfigNotExist,
     LogHubError,
@@ -67,7 +68,13 @@ from loghub.server.console import Console, is_console_path
 from loghub.server.errors import protocol_error
 from loghub.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from loghub.server.metrics import api_label
-from loghub.server.service import LogHubService, ShardElsewhere, parse_shard_id
+from loghub.server.service import (
+    NOT_SERVED_HEADER,
+    LogHubService,
+    NotServedHere,
+    ShardElsewhere,
+    parse_shard_id,
+)
 from loghub.server.tail_waits import WaitEnd
 from loghub.wire.compression import choose_response_compression
 from loghub.wire.errors import error_body
@@ -237,6 +244,8 @@ def _error(exc: LogHubError, request_id: str) -> Response:
     if isinstance(exc, SignatureReused):
         headers["retry-after"] = "1"  # a new second, a new date, a new signature
     reply = protocol_error(exc)
+    if isinstance(exc, NotServedHere):
+        headers[NOT_SERVED_HEADER] = "1"
     if reply.code == "ServerBusy":  # ServerBusy, or the cluster's control plane (errors.py)
         headers["retry-after"] = "1"  # seconds; the SDK waits that long between tries anyway
     return Response(
@@ -306,6 +315,7 @@ class LogHubApp:
         self.startup_error: LogHubError | None = None
         if self.config.cluster is not None:
             from loghub.cluster.membership import NodeInfo
+            from loghub.cluster.replication import ReplicationSettings
             from loghub.server.cluster_routing import ClusterRouting
 
             cluster = self.config.cluster
@@ -323,7 +333,13 @@ class LogHubApp:
                 cluster.node_ttl_s,
                 self.config.keys,
                 key_grants=self.config.key_grants,
+                replication=ReplicationSettings(
+                    cluster.replication_factor,
+                    cluster.min_insync_replicas,
+                    cluster.replica_lag_ms,
+                ),
             )
+            self.service.storage.replicated = cluster.replication_factor > 1
             self.service.remote_logs = self._cluster
             routing = self._cluster
             self.service.holds_shard = routing.holds
@@ -468,6 +484,7 @@ class LogHubApp:
                 if self._cluster is not None:
                     try:
                         await self._cluster.start()
+                        self.service.replication = self._cluster.replication
                     except LogHubError as exc:
                         self.startup_error = exc
                         with contextlib.suppress(Exception):
@@ -834,11 +851,26 @@ class LogHubApp:
         project = call.need_project()
         _refuse_selectors(call, {"POST": "action", "GET": "type"}.get(call.method, ""))
         asked = target
+        if (
+            self._cluster is not None
+            and call.method == "GET"
+            and call.optional("type") == "replica"
+        ):
+            return await self._replica_fetch(call, project, logstore, parse_shard_id(target))
         if self._cluster is not None:
             await self._cluster_placed(project, logstore, target)
-            node, target = self._shard_node(call, project, logstore, target)
-            if node is not None:
-                return await self._forward_shard_request(call, node, logstore, target)
+            node, target = self._shard_node(call, project, logstore, asked)
+            for attempt in range(_WRITE_MOVES_MAX):
+                if node is None:
+                    break
+                reply = await self._forward_shard_request(call, node, logstore, target)
+                if NOT_SERVED_HEADER not in reply.headers or attempt == _WRITE_MOVES_MAX - 1:
+                    return reply
+                # the node this one's view named had just stopped serving the shard (its
+                # leadership moved on, a hand-over): this view follows within a watch
+                # event, so route again rather than answer 503 for a move with no outage
+                await asyncio.sleep(0.01 * (attempt + 1))
+                node, target = self._shard_node(call, project, logstore, asked)
         if call.method == "POST" and call.optional("action") is None:
             if self._cluster is not None:
                 return await self._put_logs_in_cluster(call, project, logstore, asked, target)
@@ -861,6 +893,53 @@ class LogHubApp:
                 return _json({"cursor_time": cursor_time}, call.request_id)
             raise ParameterInvalid(f"type must be log, cursor or cursor_time, not {kind!r}")
         raise ParameterInvalid(f"unsupported API: {call.method} {call.path}")
+
+    async def _replica_fetch(
+        self, call: _Call, project: str, logstore: str, shard_id: int
+    ) -> Response:
+        """A follower's fetch of a shard this node leads (``loghub.cluster.replication``):
+        never forwarded, since only the leader of the epoch the follower names may answer
+        it. The records are the body; the leader's epoch, high watermark and a diverging
+        epoch are headers."""
+        assert self._cluster is not None
+        replication = self._cluster.replication
+        if replication is None:
+            raise ParameterInvalid("this cluster does not replicate shards")
+        if call.key_id is not None:
+            # a fetch reports what a follower holds, which acknowledges writes: only a key
+            # that may write everywhere (the nodes' own) may make one
+            grant = self._auth.grant(call.key_id)
+            if not (grant.all_projects and grant.access == "write"):
+                raise Unauthorized("replica fetches take a key that may write every project")
+        offset = _int_param(call, "offset")
+        fsynced_end = _int_param(call, "fsyncedEnd")
+        if not 0 <= fsynced_end <= offset:
+            raise ParameterInvalid("fsyncedEnd must be between 0 and offset")
+        last_epoch = _int_param(call, "lastEpoch")
+        if last_epoch < -1 or (last_epoch == -1 and offset != 0):
+            raise ParameterInvalid("lastEpoch must be -1 (an empty log) or an epoch")
+        request = FetchRequest(
+            call.query.get("replica", ""),
+            _int_param(call, "leaderEpoch"),
+            offset,
+            last_epoch,
+            fsynced_end,
+        )
+        wait_ms = min(max(_int_param(call, "waitMs", 0), 0), 30_000)
+        bytes_max = min(max(_int_param(call, "bytesMax", 1 << 20), 1), 64 << 20)
+        answer = await replication.handle_fetch(
+            (project, logstore, shard_id), request, wait_ms, bytes_max
+        )
+        headers = {
+            "x-log-requestid": call.request_id,
+            "x-loghub-leader-epoch": str(answer.leader_epoch),
+            "x-loghub-high-watermark": str(answer.high_watermark),
+            "content-type": "application/octet-stream",
+        }
+        if answer.diverging is not None:
+            headers["x-loghub-diverging-epoch"] = str(answer.diverging.leader_epoch)
+            headers["x-loghub-diverging-end"] = str(answer.diverging.end_offset)
+        return Response(answer.records, headers=headers)
 
     async def _forward_shard_request(
         self, call: _Call, node: NodeInfo, logstore: str, target: str
@@ -890,6 +969,7 @@ class LogHubApp:
                 return await self._put_logs(call, project, logstore, target)
             except ShardElsewhere as moved:
                 await self._cluster.placed(project, logstore, moved.shard_id)
+                await self._cluster.moved(project, logstore, moved.shard_id)
                 node = self._cluster.shard_node(project, logstore, moved.shard_id)
                 if node is not None:
                     return await self._forward_shard_request(call, node, logstore, target)

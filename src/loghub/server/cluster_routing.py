@@ -31,7 +31,14 @@ from loghub.cluster.group_coordinators import GroupCoordinators, GroupKey
 from loghub.cluster.keys import watch_keys
 from loghub.cluster.membership import NodeInfo
 from loghub.cluster.node import LocalLogs, NodeAgent
+from loghub.cluster.replicas import ShardKey
+from loghub.cluster.replication import (
+    FetchAnswer,
+    ReplicaManager,
+    ReplicationSettings,
+)
 from loghub.coordination.placement import NodeSlot, group_coordinator
+from loghub.coordination.replica import EpochEndOffset, FetchRequest
 from loghub.errors import (
     ControlPlaneError,
     FencedError,
@@ -40,6 +47,7 @@ from loghub.errors import (
     error_class_for_code,
 )
 from loghub.server.config import KeyGrant, KeyRing, parse_keys_document, split_keys
+from loghub.server.service import NotServedHere
 from loghub.wire.signing import Credentials, sign_v1
 
 __all__ = ["FORWARDED_HEADER", "ClusterRouting"]
@@ -78,6 +86,7 @@ class ClusterRouting:
         keys: Mapping[str, str] | None = None,
         forward_timeout_s: float = 60.0,
         key_grants: Mapping[str, KeyGrant] | None = None,
+        replication: ReplicationSettings | None = None,
     ) -> None:
         # the node signs its own calls to other nodes (a merge's remote seal) with the first
         # of the keys in force; in a cluster they follow etcd (``loghub.cluster.keys``)
@@ -90,6 +99,8 @@ class ClusterRouting:
         self._local = local
         self._ttl_s = ttl_s
         self._forward_timeout_s = forward_timeout_s
+        self._replication_settings = replication or ReplicationSettings()
+        self.replication: ReplicaManager | None = None
         self.store: EtcdStore | None = None
         self.agent: NodeAgent | None = None
         self.coordinators: GroupCoordinators | None = None
@@ -102,12 +113,27 @@ class ClusterRouting:
         self._loop = asyncio.get_running_loop()
         self.store = EtcdStore(self._url)
         await self.store.__aenter__()
+        self._client = httpx.AsyncClient(
+            timeout=self._forward_timeout_s,
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+            trust_env=False,
+        )
+        if self._replication_settings.replicated:
+            self.replication = ReplicaManager(
+                self.node_id,
+                self._replication_settings,
+                self._local,  # type: ignore[arg-type]
+                self,
+                self.store,
+                lambda: {} if self.agent is None else self.agent.nodes,
+            )
         self.agent = NodeAgent(
             self.store,
             self._info,
             self._catalog,  # type: ignore[arg-type]
             self._local,
             ttl_s=self._ttl_s,
+            replication=self.replication,
         )
         await self.agent.start()
         agent = self.agent
@@ -117,11 +143,6 @@ class ClusterRouting:
         await self.coordinators.start()
         self._drain_task = asyncio.create_task(self._hand_over_groups_when_drained())
         self._keys_task = asyncio.create_task(watch_keys(self.store, self._apply_keys))
-        self._client = httpx.AsyncClient(
-            timeout=self._forward_timeout_s,
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-            trust_env=False,
-        )
 
     @property
     def _credentials(self) -> Credentials | None:
@@ -146,14 +167,14 @@ class ClusterRouting:
     async def stop(self) -> None:
         if self._keys_task is not None:
             self._keys_task.cancel()
-        if self._client is not None:
-            await self._client.aclose()
         if self._drain_task is not None:
             self._drain_task.cancel()
         if self.coordinators is not None:
             await self.coordinators.stop()
         if self.agent is not None:
             await self.agent.stop()
+        if self._client is not None:
+            await self._client.aclose()
         if self.store is not None:
             await self.store.close()
 
@@ -211,6 +232,19 @@ class ClusterRouting:
             self.agent.owner_id(project, logstore, shard_id) is None and time.monotonic() < deadline
         ):
             await asyncio.sleep(0.01)
+
+    async def moved(self, project: str, logstore: str, shard_id: int) -> None:
+        """Waits, up to ``placement_wait_s``, while the view says this node serves a shard
+        it does not take writes for: a leader handing the shard over (it waits for its
+        followers, then writes the successor's election, which the watch brings here)."""
+        assert self.agent is not None
+        deadline = time.monotonic() + placement_wait_s
+        while (
+            self.agent.owner_id(project, logstore, shard_id) == self.node_id
+            and not self.holds(project, logstore, shard_id)
+            and time.monotonic() < deadline
+        ):
+            await asyncio.sleep(0.005)
 
     def local_writable(self, project: str, logstore: str, writable: list[int]) -> list[int]:
         """The shards among ``writable`` that this node owns."""
@@ -345,7 +379,7 @@ class ClusterRouting:
         """Sends the request to ``node`` as it came and returns its answer as it came."""
         assert self._client is not None
         if any(name.lower() == FORWARDED_HEADER.encode() for name, _ in headers):
-            raise ServerBusy(
+            raise NotServedHere(
                 f"this request was forwarded to node {self.node_id}, which does not serve it"
                 " any more (a shard or group moved); try again"
             )
@@ -403,10 +437,63 @@ class ClusterRouting:
     # --- shard logs on other nodes (``service.RemoteLogs``; called from storage threads) ---
 
     def holds(self, project: str, logstore: str, shard_id: int) -> bool:
-        """Whether this node holds the shard's log by the placements it has seen: the
-        only shards it appends to (``LogHubService.holds_shard``)."""
+        """Whether this node holds the shard's log by the placements it has seen (leads
+        it, when replicated): the only shards it appends to
+        (``LogHubService.holds_shard``)."""
         assert self.agent is not None
+        if self.replication is not None:
+            return self.replication.leads((project, logstore, shard_id))
         return self.agent.owner_id(project, logstore, shard_id) == self.node_id
+
+    # --- replication: the fetch of a follower (``replication.ReplicaTransport``) ----------
+
+    async def fetch(
+        self, node: NodeInfo, key: ShardKey, request: FetchRequest, wait_ms: int, bytes_max: int
+    ) -> FetchAnswer:
+        """A follower's fetch sent to the leader on ``node``: a signed GET of the shard
+        with ``type=replica``; the records come as the body, the rest as headers."""
+        assert self._client is not None
+        project, logstore, shard_id = key
+        path = f"/logstores/{logstore}/shards/{shard_id}"
+        query = [
+            ("type", "replica"),
+            ("replica", request.replica_id),
+            ("leaderEpoch", str(request.leader_epoch)),
+            ("offset", str(request.fetch_offset)),
+            ("lastEpoch", str(request.last_fetched_epoch)),
+            ("fsyncedEnd", str(request.fsynced_end_offset)),
+            ("waitMs", str(wait_ms)),
+            ("bytesMax", str(bytes_max)),
+        ]
+        headers = {
+            "host": f"{project}.{node.advertise}",
+            "x-log-apiversion": "0.6.0",
+            "x-log-bodyrawsize": "0",
+            FORWARDED_HEADER: self.node_id,
+        }
+        if self._credentials is not None:
+            sign_v1("GET", path, query, headers, b"", self._credentials, time.time())
+        url = f"http://{node.advertise}{path}?" + "&".join(f"{k}={v}" for k, v in query)
+        try:
+            reply = await self._client.get(url, headers=headers, timeout=wait_ms / 1000 + 10)
+        except httpx.HTTPError as exc:
+            raise ServerBusy(f"node {node.node_id} did not answer a fetch: {exc!r}") from exc
+        if reply.status_code != 200:
+            answer = json.loads(reply.content or b"{}")
+            error = error_class_for_code(str(answer.get("errorCode", ""))) or LogHubError
+            raise error(f"node {node.node_id}: {answer.get('errorMessage', reply.status_code)}")
+        found = reply.headers
+        diverging = None
+        if "x-loghub-diverging-epoch" in found:
+            diverging = EpochEndOffset(
+                int(found["x-loghub-diverging-epoch"]), int(found["x-loghub-diverging-end"])
+            )
+        return FetchAnswer(
+            int(found["x-loghub-leader-epoch"]),
+            int(found["x-loghub-high-watermark"]),
+            diverging,
+            reply.content,
+        )
 
     def is_local(self, project: str, logstore: str, shard_id: int) -> bool:
         assert self.agent is not None

@@ -128,8 +128,24 @@ class ClusterConfig:
     rack: str = ""
     # the node's lease: a node that stops refreshing it is gone this many seconds later
     node_ttl_s: int = 3
+    # copies of each shard (docs/replication.md); 1: one copy, moved by hand-overs
+    replication_factor: int = 1
+    # a write is refused while fewer replicas than this are in sync
+    min_insync_replicas: int = 2
+    # a follower that has not caught up for this long leaves the in-sync replicas
+    replica_lag_ms: int = 3000
 
     def __post_init__(self) -> None:
+        if not 1 <= self.replication_factor <= 7:
+            raise ParameterInvalid("--replication-factor must be 1 to 7")
+        if self.replication_factor > 1 and not (
+            1 <= self.min_insync_replicas <= self.replication_factor
+        ):
+            raise ParameterInvalid(
+                "--min-insync-replicas must be at least 1 and at most --replication-factor"
+            )
+        if not 100 <= self.replica_lag_ms <= 600_000:
+            raise ParameterInvalid("--replica-lag-ms must be 100 to 600000")
         if not self.node_id or not all(c.isalnum() or c in "-_." for c in self.node_id):
             raise ParameterInvalid(
                 f"--node-id must be letters, digits, '-', '_' or '.', not {self.node_id!r}"

@@ -85,7 +85,16 @@ def api_label(method: str, parts: list[str], query: dict[str, str]) -> str:
         if len(parts) == 4:
             shape = shape.replace("{name}", "{shard}" if kind == "shards" else "{group}")
     selector = query.get("type") or query.get("action")
-    if selector in ("log", "cursor", "cursor_time", "heartbeat", "checkpoint", "split", "merge"):
+    if selector in (
+        "log",
+        "cursor",
+        "cursor_time",
+        "heartbeat",
+        "checkpoint",
+        "split",
+        "merge",
+        "replica",
+    ):
         shape += f"?{'action' if 'action' in query else 'type'}={selector}"
     return f"{method} {shape}"
 
@@ -408,6 +417,12 @@ class _ClusterCollector(Collector):
         )
         moving.add_metric([], float(len(status["handovers"])))
         yield moving
+        lagging = GaugeMetricFamily(
+            "loghub_cluster_under_replicated_shards",
+            "Replicated shards with fewer replicas in sync than they have.",
+        )
+        lagging.add_metric([], float(len(status["under_replicated_shards"])))
+        yield lagging
 
 
 def _reader(statistics: Callable[[], ShardStoreStatistics], field: str) -> Callable[[], float]:

@@ -115,6 +115,17 @@ class PullResult:
     tail: ShardTail | None = None
 
 
+# on a 503 from a node that got a forwarded request for a shard it no longer serves: the
+# node that forwarded it routes it again instead of passing the 503 on
+NOT_SERVED_HEADER = "x-loghub-not-served"
+
+
+class NotServedHere(ServerBusy):
+    """A forwarded request reached a node that no longer serves it (a shard's leadership
+    or a group moved after the forwarding node looked); answered 503 with
+    ``NOT_SERVED_HEADER``, so the forwarding node routes it again."""
+
+
 class ShardElsewhere(ServerBusy):
     """A write picked a shard whose log another node of the cluster holds (a routed write
     whose shard was handed over and succeeded while it waited, or whose placement this
@@ -197,6 +208,10 @@ class LogHubService:
         # to the successor, placed on another node, must go there, not into a local file
         # that no read would ever reach.
         self.holds_shard: Callable[[str, str, int], bool] | None = None
+        # In a cluster with replicated shards: the leaders' acknowledgement (set by the front
+        # end). A write is answered once every in-sync replica holds it, and refused while
+        # the shard has fewer in-sync replicas than required.
+        self.replication: ReplicationGate | None = None
 
     def close(self) -> None:
         with self._commits_lock:
@@ -413,6 +428,9 @@ class LogHubService:
             self.quotas.admit_write(
                 (project, logstore, shard.shard_id), self.shard_quota(store), len(raw)
             )
+            key = (project, logstore, shard.shard_id)
+            if self.replication is not None:
+                self.replication.check_writable(key)
             try:
                 sequence = self._open_log(store, shard).append(payload, self.clock.wall_ms())
             except LogSealedError as exc:
@@ -420,6 +438,8 @@ class LogHubService:
                     raise ShardReadOnly(f"shard {shard.shard_id} is readonly") from exc
                 self.metadata.wait_for_writes()
                 continue
+            if self.replication is not None:
+                self.replication.committed_blocking(key, sequence + 1)
             self.autosplit.record(project, logstore, shard.shard_id, len(payload))
             self.metrics.count_ingest(project, logstore, shard.shard_id, log_count, len(raw))
             return sequence
@@ -464,6 +484,9 @@ class LogHubService:
             )
             shard_log = self._open_log(store, shard)
             shard_log.check_payload_size(len(payload))
+            key = (project, logstore, shard.shard_id)
+            if self.replication is not None:
+                self.replication.check_writable(key)
             try:
                 sequence = await commits.append(shard_log, payload, self.clock.wall_ms())
             except LogSealedError as exc:
@@ -471,6 +494,8 @@ class LogHubService:
                     raise ShardReadOnly(f"shard {shard.shard_id} is readonly") from exc
                 await offload(self.metadata.wait_for_writes)
                 continue
+            if self.replication is not None:
+                await self.replication.committed(key, sequence + 1)
             self.autosplit.record(project, logstore, shard.shard_id, len(payload))
             self.metrics.count_ingest(project, logstore, shard.shard_id, log_count, len(raw))
             balance = self._lb.get((project, logstore))
@@ -767,11 +792,33 @@ class LogHubService:
             log.info("removed the data of deleted logstore %s", key)
         return dropped
 
+    def replica_log(self, project: str, logstore: str, shard_id: int) -> ShardLog:
+        """This node's replica of a shard, as replication leads or follows it: opened, and
+        never sealed here (a follower of a read-only shard still copies its tail)."""
+        store = self.metadata.get_logstore(project, logstore)
+        return self.storage.shard(store.storage_key, shard_id)
+
     def seal_log(self, project: str, logstore: str, shard_id: int) -> int:
         """Seals this node's log of a shard for good (a hand-over, or a shard succeeded
         while this node was away); returns its end."""
         store = self.metadata.get_logstore(project, logstore)
         return self.storage.shard(store.storage_key, shard_id).seal()
+
+
+class ReplicationGate(Protocol):
+    """A replicated shard's leader (``loghub.cluster.replication.ReplicaManager``)."""
+
+    def check_writable(self, key: tuple[str, str, int]) -> None:
+        """NotEnoughReplicasError while the ISR is too small to acknowledge a write."""
+        ...
+
+    async def committed(self, key: tuple[str, str, int], end_seq: int) -> None:
+        """Returns once the ISR holds the records before ``end_seq``."""
+        ...
+
+    def committed_blocking(self, key: tuple[str, str, int], end_seq: int) -> None:
+        """``committed`` for a caller on a thread."""
+        ...
 
 
 class RemoteLogs(Protocol):
