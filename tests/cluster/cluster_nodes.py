@@ -34,6 +34,7 @@ class LogHubCluster:
     keys: dict[str, str]
     kafka: bool = False
     kafka_ports: dict[int, int] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()  # for every node (``--replication-factor 3``)
 
     def node_args(self, index: int, port: int) -> tuple[str, ...]:
         args: tuple[str, ...] = (
@@ -44,7 +45,7 @@ class LogHubCluster:
         if self.kafka:
             kafka_port = self.kafka_ports.setdefault(index, free_port())
             args += ("--kafka-port", str(kafka_port), "--kafka-initial-rebalance-delay-ms", "100")
-        return args
+        return args + self.extra_args
 
     def start_node(self, index: int) -> ServerProcess:
         port = self.nodes[index].port if index < len(self.nodes) else free_port()
@@ -104,10 +105,14 @@ class LogHubCluster:
 
 @contextlib.contextmanager
 def running_cluster(
-    base: Path, nodes: int = 3, keys: dict[str, str] | None = None, kafka: bool = False
+    base: Path,
+    nodes: int = 3,
+    keys: dict[str, str] | None = None,
+    kafka: bool = False,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[LogHubCluster]:
     with running_etcd(3) as etcd:
-        cluster = LogHubCluster(etcd, [], base, keys or {}, kafka)
+        cluster = LogHubCluster(etcd, [], base, keys or {}, kafka, extra_args=extra_args)
         try:
             for index in range(nodes):
                 cluster.start_node(index)

@@ -410,6 +410,7 @@ def test_every_node_exports_the_cluster_status_as_metrics(cluster: LogHubCluster
         ],
         "loghub_cluster_unavailable_shards": [({}, 0.0)],
         "loghub_cluster_handovers": [({}, 0.0)],
+        "loghub_cluster_under_replicated_shards": [({}, 0.0)],
     }
     assert sum(n["shards"] for n in status["nodes"]) > 0  # type: ignore[attr-defined]
     for node in cluster.nodes:

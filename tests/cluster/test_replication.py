@@ -1,0 +1,294 @@
+"""Replication on a real cluster: 3 etcd members and 3 `loghub serve --cluster
+--replication-factor 3` nodes on loopback ports, driven with LogHub's client.
+
+Checked here: a write is on every replica's disk when it is acknowledged and the replicas'
+logs are byte-identical; a leader killed with SIGKILL is replaced by an in-sync replica
+within seconds and no acknowledged write is lost; with one replica left in sync writes are
+refused, not acknowledged on one copy; a restarted replica catches up and rejoins the ISR;
+a drained node hands its leaderships over with no write refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster_nodes import NODE_TTL_S, LogHubCluster, running_cluster
+
+from loghub.client import LogHubClient
+from loghub.cluster.etcd_store import EtcdStore
+from loghub.cluster.replicas import ReplicaRecord, read_replica_records_at
+from loghub.errors import LogHubError
+from loghub.wire.logs import make_log_group
+
+KEYS = {"ak": "sk"}
+PROJECT = "replicated"
+ARGS = ("--replication-factor", "3", "--min-insync-replicas", "2", "--replica-lag-ms", "1500")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LogHubCluster]:
+    with running_cluster(
+        tmp_path_factory.mktemp("replicated"), 3, KEYS, extra_args=ARGS
+    ) as running:
+        try:
+            client(running, 0).create_project(PROJECT, "replicated shards")
+            yield running
+        finally:
+            for made in _clients.values():
+                made.close()
+            _clients.clear()
+
+
+_clients: dict[tuple[str, float], LogHubClient] = {}
+
+
+def client(cluster: LogHubCluster, index: int, timeout_s: float = 10.0) -> LogHubClient:
+    """A client of node ``index`` (one per node and timeout, closed with the cluster)."""
+    key = (cluster.nodes[index].endpoint, timeout_s)
+    if key not in _clients:
+        _clients[key] = LogHubClient(key[0], "ak", "sk", timeout_s=timeout_s)
+    return _clients[key]
+
+
+def records(cluster: LogHubCluster, logstore: str) -> dict[int, ReplicaRecord]:
+    async def read() -> dict[int, ReplicaRecord]:
+        async with EtcdStore(cluster.etcd.url) as store:
+            found, _revision = await read_replica_records_at(store)
+        return {k[2]: r for k, r in found.items() if k[:2] == (PROJECT, logstore)}
+
+    return asyncio.run(read())
+
+
+def wait_for(check, timeout_s: float = 20.0, what: str = "") -> float:  # type: ignore[no-untyped-def]
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < timeout_s, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def index_of(node_id: str) -> int:
+    return int(node_id.removeprefix("n"))
+
+
+def put(writer: LogHubClient, logstore: str, value: str, shard_id: int) -> None:
+    group = make_log_group([(int(time.time()), {"v": value})])
+    writer.put_log_group(PROJECT, logstore, group, shard_id=shard_id)
+
+
+def read_values(reader: LogHubClient, logstore: str, shard_id: int) -> list[str]:
+    cursor = reader.get_cursor(PROJECT, logstore, shard_id, "begin")
+    values = []
+    for result in reader.iter_pull(PROJECT, logstore, shard_id, cursor):
+        for group in result.log_group_list.LogGroups:
+            for log in group.Logs:
+                values += [c.Value for c in log.Contents if c.Key == "v"]
+    return values
+
+
+def shard_files(cluster: LogHubCluster, index: int, logstore: str, shard_id: int) -> bytes:
+    """The node's segment files of the shard, concatenated in order."""
+    base = cluster.nodes[index].data_dir / "shards" / PROJECT
+    found = [d for d in base.glob(f"{logstore}-*/{shard_id}") if d.is_dir()]
+    assert len(found) == 1, found
+    return b"".join(p.read_bytes() for p in sorted(found[0].glob("*.log")))
+
+
+def identical_everywhere(cluster: LogHubCluster, logstore: str, shard_id: int) -> bool:
+    copies = {shard_files(cluster, i, logstore, shard_id) for i in range(len(cluster.nodes))}
+    return len(copies) == 1
+
+
+def alive(cluster: LogHubCluster, index: int) -> bool:
+    proc = cluster.nodes[index].proc
+    return proc is not None and proc.poll() is None
+
+
+def test_an_acknowledged_write_is_on_every_replica(cluster: LogHubCluster) -> None:
+    client(cluster, 0).create_logstore(PROJECT, "copies", shard_count=2)
+    wait_for(lambda: len(records(cluster, "copies")) == 2, what="replica records")
+    placed = records(cluster, "copies")
+    for record in placed.values():
+        assert sorted(record.replicas) == ["n0", "n1", "n2"] and set(record.isr) == {
+            "n0",
+            "n1",
+            "n2",
+        }
+        assert record.epoch == 1 and record.leader == record.replicas[0]
+    assert {r.leader for r in placed.values()} != {placed[0].leader} or len(placed) == 1
+    written = {0: [], 1: []}
+    for n in range(60):
+        shard_id = n % 2
+        # through every node: the ones that do not lead the shard forward the write
+        put(client(cluster, n % 3), "copies", f"c{n}", shard_id)
+        written[shard_id].append(f"c{n}")
+    for shard_id in (0, 1):
+        for index in range(3):
+            assert read_values(client(cluster, index), "copies", shard_id) == written[shard_id]
+        # acknowledged means in sync: the followers hold it (they fetch it before the ack)
+        wait_for(lambda s=shard_id: identical_everywhere(cluster, "copies", s), 5, "copies")
+
+
+def test_a_follower_fetch_needs_a_node_key(cluster: LogHubCluster) -> None:
+    """A fetch reports what a follower holds, which acknowledges writes: a request without
+    a valid signature is refused like any other, and a fetch for an epoch the node does not
+    lead is refused without effect."""
+    import httpx
+
+    record = records(cluster, "copies")[0]
+    leader = cluster.nodes[index_of(record.leader)]
+    url = (
+        f"http://{leader.endpoint}/logstores/copies/shards/0?type=replica&replica=n9"
+        f"&leaderEpoch={record.epoch}&offset=0&lastEpoch=-1&fsyncedEnd=0"
+    )
+    with httpx.Client() as http:
+        reply = http.get(url, headers={"host": f"{PROJECT}.{leader.endpoint}"})
+    assert reply.status_code == 401, reply.text
+
+
+def test_leader_sigkill_fails_over_to_an_in_sync_replica_without_loss(
+    cluster: LogHubCluster,
+) -> None:
+    client(cluster, 0).create_logstore(PROJECT, "failover", shard_count=1)
+    wait_for(lambda: len(records(cluster, "failover")) == 1, what="replica record")
+    before = records(cluster, "failover")[0]
+    victim = index_of(before.leader)
+    survivors = [i for i in range(3) if i != victim]
+    acked: list[str] = []
+    acked_at: list[float] = []
+    stop = threading.Event()
+
+    def write(index: int) -> None:
+        writer = LogHubClient(cluster.nodes[index].endpoint, "ak", "sk", timeout_s=3.0)
+        n = 0
+        while not stop.is_set():
+            value = f"w{index}-{n}"
+            n += 1
+            try:
+                put(writer, "failover", value, 0)
+            except LogHubError:
+                time.sleep(0.05)
+                continue
+            acked.append(value)
+            acked_at.append(time.monotonic())
+        writer.close()
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in survivors]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: len(acked) >= 50, what="writes before the kill")
+    os.kill(cluster.nodes[victim].pid, signal.SIGKILL)
+    cluster.nodes[victim].proc.wait()  # type: ignore[union-attr]
+    killed_at = time.monotonic()  # gone: every later ack comes from the new leader
+    wait_for(lambda: acked_at[-1] > killed_at + 0.5, 30, "a write after the failover")
+    stop.set()
+    for thread in threads:
+        thread.join()
+    first_after = min(t for t in acked_at if t > killed_at)
+    after = records(cluster, "failover")[0]
+    assert after.leader != before.leader and after.epoch == before.epoch + 1
+    assert before.leader not in after.isr
+    print(f"leader SIGKILL -> first acknowledged write: {first_after - killed_at:.2f} s")
+    assert first_after - killed_at < NODE_TTL_S + 6
+    reader = client(cluster, survivors[0])
+    stored = read_values(reader, "failover", 0)
+    assert not set(acked) - set(stored), "acknowledged writes lost"
+    # the killed leader comes back as a follower, cuts what it alone had, and catches up
+    cluster.start_node(victim)
+    wait_for(lambda: set(records(cluster, "failover")[0].isr) == {"n0", "n1", "n2"}, 30, "ISR")
+    wait_for(lambda: identical_everywhere(cluster, "failover", 0), 10, "identical replicas")
+    assert read_values(client(cluster, victim), "failover", 0) == stored
+
+
+def test_writes_are_refused_with_one_replica_in_sync_and_resume_when_one_returns(
+    cluster: LogHubCluster,
+) -> None:
+    client(cluster, 0).create_logstore(PROJECT, "minisr", shard_count=1)
+    wait_for(lambda: len(records(cluster, "minisr")) == 1, what="replica record")
+    wait_for(lambda: all(alive(cluster, i) for i in range(3)), what="three nodes")
+    leader = index_of(records(cluster, "minisr")[0].leader)
+    put(client(cluster, leader), "minisr", "before", 0)
+    followers = [i for i in range(3) if i != leader]
+    for index in followers:
+        os.kill(cluster.nodes[index].pid, signal.SIGKILL)
+        cluster.nodes[index].proc.wait()  # type: ignore[union-attr]
+    wait_for(lambda: records(cluster, "minisr")[0].isr == (f"n{leader}",), 20, "ISR shrink")
+    with pytest.raises(LogHubError) as refused:
+        put(client(cluster, leader), "minisr", "alone", 0)
+    assert refused.value.code == "ServerBusy" and "min_insync_replicas" in str(refused.value)
+    cluster.start_node(followers[0])
+    wait_for(lambda: len(records(cluster, "minisr")[0].isr) == 2, 30, "ISR growth")
+    put(client(cluster, leader), "minisr", "after", 0)
+    assert read_values(client(cluster, leader), "minisr", 0) == ["before", "after"]
+    cluster.start_node(followers[1])
+    wait_for(lambda: len(records(cluster, "minisr")[0].isr) == 3, 30, "all back")
+
+
+def test_a_drained_node_hands_its_leaderships_over_with_no_write_refused(
+    cluster: LogHubCluster,
+) -> None:
+    client(cluster, 0).create_logstore(PROJECT, "drain", shard_count=3)
+    wait_for(lambda: len(records(cluster, "drain")) == 3, what="replica records")
+    wait_for(lambda: all(len(r.isr) == 3 for r in records(cluster, "drain").values()), 30, "ISR")
+    target = records(cluster, "drain")[0].leader
+    others = [i for i in range(3) if f"n{i}" != target]
+    failures: list[str] = []
+    acked: list[str] = []
+    stop = threading.Event()
+
+    def write(index: int) -> None:
+        writer = LogHubClient(cluster.nodes[index].endpoint, "ak", "sk", timeout_s=10.0)
+        n = 0
+        while not stop.is_set():
+            value = f"d{index}-{n}"
+            n += 1
+            try:
+                put(writer, "drain", value, n % 3)
+                acked.append(value)
+            except LogHubError as exc:
+                failures.append(f"{value}: {exc}")
+        writer.close()
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in others]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: len(acked) >= 30, what="writes before the drain")
+    drained = _loghub_cli(cluster, "node", "drain", target)
+    assert drained.returncode == 0, drained.stderr
+    try:
+        wait_for(
+            lambda: all(r.leader != target for r in records(cluster, "drain").values()),
+            20,
+            "leaderships moved",
+        )
+        count = len(acked)
+        wait_for(lambda: len(acked) > count + 20, 10, "writes after the move")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        _loghub_cli(cluster, "node", "undrain", target)
+    assert failures == []
+    reader = client(cluster, others[0])
+    stored = [v for s in range(3) for v in read_values(reader, "drain", s)]
+    assert sorted(stored) == sorted(acked)
+
+
+def _loghub_cli(cluster: LogHubCluster, *args: str):  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "loghub", *args, "--cluster", cluster.etcd.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")},
+    )
