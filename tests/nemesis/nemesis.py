@@ -153,7 +153,9 @@ class ProxiedCluster(LogHubCluster):
 
 
 @contextlib.contextmanager
-def proxied_cluster(base: Path, nodes: int = 3) -> Iterator[ProxiedCluster]:
+def proxied_cluster(
+    base: Path, nodes: int = 3, extra_args: tuple[str, ...] = ()
+) -> Iterator[ProxiedCluster]:
     """As tests/cluster's ``running_cluster``, with the proxies; every process it started
     (etcd members, nodes, the proxy process) is stopped by PID at the end."""
     with running_etcd(3) as etcd:
@@ -162,7 +164,9 @@ def proxied_cluster(base: Path, nodes: int = 3) -> Iterator[ProxiedCluster]:
             for j, member in enumerate(etcd.members):
                 upstreams[f"n{i}-e{j}"] = member.client_port
         proxies = Proxies(upstreams)
-        cluster = ProxiedCluster(etcd, [], base, dict(KEYS), proxies=proxies)
+        cluster = ProxiedCluster(
+            etcd, [], base, dict(KEYS), extra_args=extra_args, proxies=proxies
+        )
         try:
             for index in range(nodes):
                 cluster.start_node(index)

@@ -62,6 +62,8 @@ class Options:
     writers: int = 2  # of each kind
     settle_s: float = 3.0
     keep: Path | None = None
+    # copies of each shard (``--replication-factor``); 1: one copy, moved by hand-overs
+    replication_factor: int = 1
 
 
 @dataclass
@@ -140,7 +142,8 @@ def run_once(options: Options, log: Callable[[str], None] = print) -> RunResult:
 
 def _run(options: Options, base: Path, log: Callable[[str], None]) -> RunResult:
     (base / "cluster").mkdir()
-    with proxied_cluster(base / "cluster") as cluster:
+    extra = ("--replication-factor", str(options.replication_factor))
+    with proxied_cluster(base / "cluster", extra_args=extra) as cluster:
         with LogHubClient(cluster.nodes[0].endpoint, *next(iter(KEYS.items()))) as client:
             client.create_project(PROJECT, "writes under faults")
             client.create_logstore(PROJECT, LOGSTORE, shard_count=SHARDS)
@@ -234,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writers", type=int, default=2, help="writers of each client kind")
     parser.add_argument("--settle", type=float, default=3.0)
     parser.add_argument("--keep", type=Path, default=None, help="copy each run's histories here")
+    parser.add_argument("--replication-factor", type=int, default=1, help="copies of each shard")
     args = parser.parse_args(argv)
     faults = tuple(f for f in args.faults.split(",") if f)
     unknown = set(faults) - set(FAULTS)
@@ -246,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for run in range(args.runs):
         keep = args.keep / f"run-{seed + run}" if args.keep else None
-        options = Options(args.seconds, seed + run, faults, args.writers, args.settle, keep)
+        options = Options(args.seconds, seed + run, faults, args.writers, args.settle, keep,
+                          args.replication_factor)  # fmt: skip
         result = run_once(options, log=lambda line: print(line, flush=True))
         results.append(result)
         print(format_report(result.report), flush=True)
