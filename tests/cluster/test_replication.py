@@ -3,7 +3,8 @@
 
 Checked here: a write is on every replica's disk when it is acknowledged and the replicas'
 logs are byte-identical; a leader killed with SIGKILL is replaced by an in-sync replica
-within seconds and no acknowledged write is lost; with one replica left in sync writes are
+within seconds, no acknowledged write is lost and none of the idempotent client's retries
+is stored twice; with one replica left in sync writes are
 refused, not acknowledged on one copy; a restarted replica catches up and rejoins the ISR;
 a drained node hands its leaderships over with no write refused.
 """
@@ -15,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from loghub.cluster.etcd_store import EtcdStore
 from loghub.cluster.replicas import ReplicaRecord, read_replica_records_at
 from loghub.errors import LogHubError
 from loghub.wire.logs import make_log_group
+from loghub.wire.producer_ids import ProducerIds, WriteId
 
 KEYS = {"ak": "sk"}
 PROJECT = "replicated"
@@ -78,9 +81,11 @@ def index_of(node_id: str) -> int:
     return int(node_id.removeprefix("n"))
 
 
-def put(writer: LogHubClient, logstore: str, value: str, shard_id: int) -> None:
+def put(
+    writer: LogHubClient, logstore: str, value: str, shard_id: int, write_id: WriteId | None = None
+) -> None:
     group = make_log_group([(int(time.time()), {"v": value})])
-    writer.put_log_group(PROJECT, logstore, group, shard_id=shard_id)
+    writer.put_log_group(PROJECT, logstore, group, shard_id=shard_id, write_id=write_id)
 
 
 def read_values(reader: LogHubClient, logstore: str, shard_id: int) -> list[str]:
@@ -166,18 +171,22 @@ def test_leader_sigkill_fails_over_to_an_in_sync_replica_without_loss(
     stop = threading.Event()
 
     def write(index: int) -> None:
+        # LogHub's idempotent writes: each value has a write id, kept over its retries
         writer = LogHubClient(cluster.nodes[index].endpoint, "ak", "sk", timeout_s=3.0)
+        ids = ProducerIds()
         n = 0
         while not stop.is_set():
-            value = f"w{index}-{n}"
+            value, write_id = f"w{index}-{n}", ids.next()
             n += 1
-            try:
-                put(writer, "failover", value, 0)
-            except LogHubError:
-                time.sleep(0.05)
-                continue
-            acked.append(value)
-            acked_at.append(time.monotonic())
+            while not stop.is_set():
+                try:
+                    put(writer, "failover", value, 0, write_id)
+                except LogHubError:
+                    time.sleep(0.05)
+                    continue
+                acked.append(value)
+                acked_at.append(time.monotonic())
+                break
         writer.close()
 
     threads = [threading.Thread(target=write, args=(i,)) for i in survivors]
@@ -200,6 +209,8 @@ def test_leader_sigkill_fails_over_to_an_in_sync_replica_without_loss(
     reader = client(cluster, survivors[0])
     stored = read_values(reader, "failover", 0)
     assert not set(acked) - set(stored), "acknowledged writes lost"
+    duplicates = [v for v, count in Counter(stored).items() if count > 1]
+    assert duplicates == [], "a retried write stored twice"
     # the killed leader comes back as a follower, cuts what it alone had, and catches up
     cluster.start_node(victim)
     wait_for(lambda: set(records(cluster, "failover")[0].isr) == {"n0", "n1", "n2"}, 30, "ISR")

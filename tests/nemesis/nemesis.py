@@ -164,9 +164,7 @@ def proxied_cluster(
             for j, member in enumerate(etcd.members):
                 upstreams[f"n{i}-e{j}"] = member.client_port
         proxies = Proxies(upstreams)
-        cluster = ProxiedCluster(
-            etcd, [], base, dict(KEYS), extra_args=extra_args, proxies=proxies
-        )
+        cluster = ProxiedCluster(etcd, [], base, dict(KEYS), extra_args=extra_args, proxies=proxies)
         try:
             for index in range(nodes):
                 cluster.start_node(index)

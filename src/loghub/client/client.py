@@ -31,6 +31,7 @@ from urllib.parse import urlencode, urlsplit
 import httpx
 
 from loghub._clock import Clock, SystemClock
+from loghub._retry import RetryPolicy, retry_call
 from loghub.errors import ParameterInvalid, TransportError
 from loghub.wire.compression import compress, decompress
 from loghub.wire.errors import error_from_body
@@ -41,6 +42,7 @@ from loghub.wire.logs import (
     PULL_WAIT_MS_PARAM,
     parse_pulled_log_group_list,
 )
+from loghub.wire.producer_ids import PRODUCER_HEADER, ProducerIds, WriteId
 from loghub.wire.proto import LogGroup, LogGroupList
 from loghub.wire.signing import Credentials, sign_v1, sign_v4
 
@@ -172,7 +174,14 @@ class LogHubClient:
         clock: Clock | None = None,
         ca_cert: str | os.PathLike[str] | None = None,
         verify: bool = True,
+        idempotent: bool = False,
+        write_retry: RetryPolicy | None = None,
     ) -> None:
+        """``idempotent``: every ``put_log_group`` names its write (a producer id of this
+        client and a sequence), retries it on a timeout, a lost connection or a 5xx
+        (``write_retry``, by default 8 attempts over about 20 s), and the server stores it
+        once however many attempts reach it, also across a failover of the shard's leader
+        (docs/replication.md). Without it a write is sent once and a failure is raised."""
         if "://" not in endpoint:
             endpoint = "http://" + endpoint
         try:
@@ -196,6 +205,8 @@ class LogHubClient:
         if auth_version == "v4" and not region:
             raise ParameterInvalid("v4 signing needs a region")
         self._auth_version = auth_version
+        self.producer_ids = ProducerIds() if idempotent else None
+        self._write_retry = write_retry or RetryPolicy(8, 0.1, 5.0)
         self._region = region
         self._clock = clock or SystemClock()
         self._http = httpx.Client(
@@ -441,9 +452,12 @@ class LogHubClient:
         hash_key: str | None = None,
         shard_id: int | None = None,
         compress_type: str = "lz4",
+        write_id: WriteId | None = None,
     ) -> None:
         """Writes one log group: to `shard_id`, to the shard covering `hash_key`, or to any
-        readwrite shard (load-balanced)."""
+        readwrite shard (load-balanced). With ``write_id`` (or an ``idempotent`` client,
+        which makes one per call and retries), the server stores it once however often it
+        is sent with that id."""
         raw = log_group if isinstance(log_group, bytes) else log_group.SerializeToString()
         query: list[tuple[str, str]] = []
         if shard_id is not None:
@@ -458,9 +472,18 @@ class LogHubClient:
             body = compress(compress_type, raw)
             headers["x-log-compresstype"] = compress_type
         headers["x-log-bodyrawsize"] = str(len(raw))
-        self._request(
-            "POST", project, f"/logstores/{logstore}/shards/{target}", query, body, headers
-        )
+        path = f"/logstores/{logstore}/shards/{target}"
+        if write_id is None and self.producer_ids is not None:
+            write_id = self.producer_ids.next()
+            headers[PRODUCER_HEADER] = write_id.header
+            retry_call(
+                lambda: self._request("POST", project, path, query, body, headers),
+                self._write_retry,
+            )
+            return
+        if write_id is not None:
+            headers[PRODUCER_HEADER] = write_id.header
+        self._request("POST", project, path, query, body, headers)
 
     def get_cursor(self, project: str, logstore: str, shard_id: int, position: str | int) -> str:
         """The cursor at `begin`, `end`, or the first group received at or after a unix time."""

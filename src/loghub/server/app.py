@@ -85,6 +85,7 @@ from loghub.wire.logs import (
     PULL_WAIT_MS_HEADER,
     PULL_WAIT_MS_PARAM,
 )
+from loghub.wire.producer_ids import PRODUCER_HEADER, parse_producer_header
 from loghub.wire.signing import header_map
 from loghub.wire.values import loads_json, parse_decimal
 
@@ -1071,6 +1072,7 @@ class LogHubApp:
             headers.get("x-log-compresstype"),
             raw_size,
             self._blocking,
+            parse_producer_header(headers.get(PRODUCER_HEADER)),
         )
         return _empty(call.request_id)
 

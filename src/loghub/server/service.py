@@ -55,6 +55,7 @@ from loghub.server.autosplit import AutoSplitMonitor
 from loghub.server.commit import CommitQueue
 from loghub.server.config import ServerConfig
 from loghub.server.groups import GroupService
+from loghub.server.idempotence import IdempotentWrites
 from loghub.server.metrics import GroupShardLag, LogstoreDisk, ServerMetrics
 from loghub.server.quotas import ShardQuota, ShardQuotas, rate_per_s_max
 from loghub.server.read_buffers import ReadBuffers
@@ -70,6 +71,7 @@ from loghub.storage import (
 from loghub.wire.compression import compress
 from loghub.wire.cursor import decode_cursor, encode_cursor
 from loghub.wire.logs import PULL_BYTES_MAX_PARAM, frame_log_group, split_log_group_list
+from loghub.wire.producer_ids import WriteId, marked
 from loghub.wire.values import json_bool, json_int, parse_decimal
 
 __all__ = ["LogHubService", "Offload", "PullResult", "RemoteLogs"]
@@ -212,6 +214,8 @@ class LogHubService:
         # end). A write is answered once every in-sync replica holds it, and refused while
         # the shard has fewer in-sync replicas than required.
         self.replication: ReplicationGate | None = None
+        # what each shard's leader remembers of the producers writing to it
+        self.idempotent = IdempotentWrites()
 
     def close(self) -> None:
         with self._commits_lock:
@@ -455,6 +459,7 @@ class LogHubService:
         compress_type: str | None,
         raw_size: int | None,
         offload: Offload,
+        write: WriteId | None = None,
     ) -> int:
         """``put_logs`` for a caller on the event loop, with the same checks, errors and
         split/merge behaviour, at a fraction of the cost for small bodies: a body of up to
@@ -463,7 +468,8 @@ class LogHubService:
         decompression releases the GIL, and the loop must not stall on megabytes). The
         record then joins the commit queue's next round (``commit.py``): one write and one
         fdatasync per shard for every append that arrived meanwhile, and one wake-up of the
-        loop for all of them."""
+        loop for all of them. A write that names a producer (``write``) and is already in
+        the shard is answered as stored, not appended again (``idempotence.py``)."""
         self.metadata.get_logstore(project, logstore)  # a missing logstore first: LogStoreNotExist
         if len(body) <= loop_body_bytes_max and (raw_size or 0) <= loop_body_bytes_max:
             raw, log_count = self.body_checker.checked_raw(compress_type, body, raw_size)
@@ -471,7 +477,7 @@ class LogHubService:
             raw, log_count = await offload(
                 self.body_checker.checked_raw, compress_type, body, raw_size
             )
-        payload = frame_log_group(raw)
+        payload = frame_log_group(raw if write is None else marked(raw, write))
         commits = self._commit_queue()
         for _attempt in range(_REROUTES_MAX):
             # lb: every write of one commit round to the same shard, the next round to the
@@ -487,13 +493,41 @@ class LogHubService:
             key = (project, logstore, shard.shard_id)
             if self.replication is not None:
                 self.replication.check_writable(key)
+            producers = None
+            if write is not None:
+                producers = await self.idempotent.producers(
+                    (store.storage_key, shard.shard_id), shard_log, offload
+                )
+                stored = producers.find(write)
+                if stored is not None:
+                    # a retry of a write this shard holds (or is appending): the first
+                    # attempt's answer, once its replicas hold it
+                    end = stored if isinstance(stored, int) else await asyncio.shield(stored)
+                    if self.replication is not None:
+                        await self.replication.committed(key, end)
+                    return end - 1
+                appending: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+                producers.note(write, appending)
             try:
                 sequence = await commits.append(shard_log, payload, self.clock.wall_ms())
-            except LogSealedError as exc:
-                if target not in ("lb", "route"):
-                    raise ShardReadOnly(f"shard {shard.shard_id} is readonly") from exc
-                await offload(self.metadata.wait_for_writes)
-                continue
+            except BaseException as exc:
+                if producers is not None and write is not None:
+                    producers.forget(write)
+                    appending.set_exception(
+                        exc
+                        if isinstance(exc, Exception)
+                        else ServerBusy("the first attempt of this write was cut short; retry")
+                    )
+                    appending.exception()  # retrieved: a retry that waited re-raises it
+                if isinstance(exc, LogSealedError):
+                    if target not in ("lb", "route"):
+                        raise ShardReadOnly(f"shard {shard.shard_id} is readonly") from exc
+                    await offload(self.metadata.wait_for_writes)
+                    continue
+                raise
+            if producers is not None and write is not None:
+                producers.note(write, sequence + 1)
+                appending.set_result(sequence + 1)
             if self.replication is not None:
                 await self.replication.committed(key, sequence + 1)
             self.autosplit.record(project, logstore, shard.shard_id, len(payload))
