@@ -303,3 +303,55 @@ def _loghub_cli(cluster: LogHubCluster, *args: str):  # type: ignore[no-untyped-
         timeout=60,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")},
     )
+
+
+def test_a_node_stopped_with_sigterm_hands_its_leaderships_over_first(
+    cluster: LogHubCluster,
+) -> None:
+    """Kafka's controlled shutdown: a node asked to stop moves each shard it leads to an
+    in-sync replica while it still answers, so writes through the other nodes never fail."""
+    client(cluster, 0).create_logstore(PROJECT, "sigterm", shard_count=3)
+    wait_for(lambda: len(records(cluster, "sigterm")) == 3, what="replica records")
+    wait_for(lambda: all(alive(cluster, i) for i in range(3)), what="three nodes")
+    wait_for(lambda: all(len(r.isr) == 3 for r in records(cluster, "sigterm").values()), 30, "ISR")
+    target = records(cluster, "sigterm")[0].leader
+    victim = index_of(target)
+    others = [i for i in range(3) if i != victim]
+    failures: list[str] = []
+    acked: list[str] = []
+    stop = threading.Event()
+
+    def write(index: int) -> None:
+        writer = LogHubClient(cluster.nodes[index].endpoint, "ak", "sk", timeout_s=10.0)
+        n = 0
+        while not stop.is_set():
+            value = f"t{index}-{n}"
+            n += 1
+            try:
+                put(writer, "sigterm", value, n % 3)
+                acked.append(value)
+            except LogHubError as exc:
+                failures.append(f"{value}: {exc}")
+        writer.close()
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in others]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: len(acked) >= 30, what="writes before the stop")
+        cluster.nodes[victim].stop()  # SIGTERM, and wait for the exit
+        after = records(cluster, "sigterm")
+        assert all(r.leader != target for r in after.values()), after
+        count = len(acked)
+        wait_for(lambda: len(acked) > count + 20, 10, "writes after the stop")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert failures == []
+    stored = [v for s in range(3) for v in read_values(client(cluster, others[0]), "sigterm", s)]
+    assert sorted(stored) == sorted(acked)
+    cluster.start_node(victim)
+    wait_for(
+        lambda: all(len(r.isr) == 3 for r in records(cluster, "sigterm").values()), 30, "rejoin"
+    )

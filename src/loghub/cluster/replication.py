@@ -225,6 +225,20 @@ class ReplicaManager:
         self._loop = asyncio.get_running_loop()
         self._isr_task = asyncio.create_task(self._maintain())
 
+    async def hand_over_all(self, wait_s: float = 3.0) -> None:
+        """Hands each shard this node leads to an in-sync replica (Kafka's controlled
+        shutdown), so that a node stopped on purpose costs its clients no failover; called
+        while the node still serves requests. A shard that cannot move within ``wait_s``
+        is left to the election that follows the node's lease."""
+        moves = []
+        for key, leading in list(self._leading.items()):
+            successor = self._successor(leading, leaving=True)
+            if successor is not None and self._store is not None:
+                moves.append(self.hand_over(key, successor, wait_s))
+        if moves:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*moves, return_exceptions=True), wait_s + 1)
+
     async def stop(self) -> None:
         self._closed = True
         tasks = [task for _record, task in self._following.values()]
@@ -458,13 +472,14 @@ class ReplicaManager:
             leading.advance()
             log.info("%s/%s shard %d: ISR now %s", key[0], key[1], key[2], list(wanted))
 
-    def _successor(self, leading: _Leading) -> str | None:
-        """Whom to hand the shard over to: on a drain, the first live ISR member that is not
-        draining; else the preferred replica when it is in the ISR and this node is not it."""
+    def _successor(self, leading: _Leading, leaving: bool = False) -> str | None:
+        """Whom to hand the shard over to: on a drain or when leaving, the first live ISR
+        member that is not draining; else the preferred replica when it is in the ISR and
+        this node is not it."""
         nodes = self._nodes()
         isr = leading.state.record.isr
         preferred = leading.record.replicas[0]
-        if self.draining:
+        if self.draining or leaving:
             for member in (*leading.record.replicas,):
                 node = nodes.get(member)
                 if member != self.node_id and member in isr and node and not node.draining:

@@ -506,6 +506,13 @@ class LogHubApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    async def before_shutdown(self) -> None:
+        """A node of a replicated cluster that is asked to stop hands the shards it leads
+        to in-sync replicas while it still answers (forwarded writes wait for the move
+        rather than fail); a bounded wait, then the shutdown goes on."""
+        if self._cluster is not None and self._cluster.replication is not None:
+            await self._cluster.replication.hand_over_all()
+
     def stop_waiting(self) -> None:
         """Ends every long-poll wait at once, answering those pulls empty: called when the
         server starts shutting down, which otherwise waits for in-flight requests."""

@@ -198,7 +198,8 @@ def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
 class _Server(uvicorn.Server):
     """uvicorn's server, ending the long-poll waits as soon as it starts shutting down: it
     waits for in-flight requests to finish, and a parked pull would hold it up to
-    ``pull_wait_ms_max``."""
+    ``pull_wait_ms_max``. A node of a replicated cluster hands the shards it leads to other
+    replicas before it stops answering (``LogHubApp.before_shutdown``)."""
 
     def __init__(self, config: uvicorn.Config, app: LogHubApp) -> None:
         super().__init__(config)
@@ -206,6 +207,8 @@ class _Server(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._loghub_app.stop_waiting()
+        # while the server still answers: a cluster node hands its leaderships over first
+        await self._loghub_app.before_shutdown()
         await super().shutdown(sockets)
 
 
