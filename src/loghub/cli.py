@@ -630,6 +630,44 @@ def cluster_keys(
           " follows within a second")  # fmt: skip
 
 
+@cluster_app.command("reassign")
+def cluster_reassign(
+    project: str,
+    logstore: str,
+    shard: int,
+    replicas: Annotated[str, typer.Option(help="the new replica set, comma-separated node ids")],
+    cluster: ClusterUrl,
+) -> None:
+    """Moves a replicated shard's copies to other nodes: the new ones catch up and join the
+    in-sync replicas, then the old ones leave (leadership moves first if its node leaves)."""
+    import asyncio
+
+    from loghub.cluster.etcd_store import EtcdStore
+    from loghub.cluster.membership import read_nodes
+    from loghub.cluster.replicas import reassign
+
+    target = tuple(r.strip() for r in replicas.split(",") if r.strip())
+    if not target or len(set(target)) != len(target):
+        raise typer.BadParameter("--replicas must name distinct node ids")
+
+    async def run() -> tuple[str, ...]:
+        async with EtcdStore(cluster) as store:
+            live = await read_nodes(store)
+            unknown = [r for r in target if r not in live]
+            if unknown:
+                raise typer.BadParameter(f"not live nodes of the cluster: {', '.join(unknown)}")
+            return (await reassign(store, (project, logstore, shard), target)).replicas
+
+    try:
+        full = asyncio.run(run())
+    except LookupError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    print(
+        f"{project}/{logstore} shard {shard}: replicas {', '.join(full)} until "
+        f"{', '.join(target)} are in sync; `loghub cluster status` shows the progress"
+    )
+
+
 @node_app.command("drain")
 def node_drain(node_id: str, cluster: ClusterUrl) -> None:
     """Moves every writable shard off a node and places none on it (until undrain)."""

@@ -355,3 +355,66 @@ def test_a_node_stopped_with_sigterm_hands_its_leaderships_over_first(
     wait_for(
         lambda: all(len(r.isr) == 3 for r in records(cluster, "sigterm").values()), 30, "rejoin"
     )
+
+
+def test_a_reassignment_moves_a_shard_to_another_node_with_no_write_refused(
+    cluster: LogHubCluster,
+) -> None:
+    """Kafka's order: the new replica catches up from nothing and joins the ISR, the leader
+    (whose node leaves the set) hands over to a target replica, which ends the move. Runs
+    last: it adds a fourth node."""
+    client(cluster, 0).create_logstore(PROJECT, "moving", shard_count=1)
+    wait_for(lambda: len(records(cluster, "moving")) == 1, what="replica record")
+    wait_for(lambda: all(alive(cluster, i) for i in range(3)), what="three nodes")
+    wait_for(lambda: len(records(cluster, "moving")[0].isr) == 3, 30, "ISR")
+    for n in range(200):
+        put(client(cluster, n % 3), "moving", f"m{n}", 0)
+    cluster.start_node(3)
+    before = records(cluster, "moving")[0]
+    leaving = before.leader  # the leader's node leaves: leadership must move first
+    target = tuple(r for r in before.replicas if r != leaving) + ("n3",)
+    failures: list[str] = []
+    acked: list[str] = [f"m{n}" for n in range(200)]
+    stop = threading.Event()
+
+    def write() -> None:
+        writer = LogHubClient(cluster.nodes[index_of(target[0])].endpoint, "ak", "sk")
+        n = 0
+        while not stop.is_set():
+            value = f"r{n}"
+            n += 1
+            try:
+                put(writer, "moving", value, 0)
+                acked.append(value)
+            except LogHubError as exc:
+                failures.append(f"{value}: {exc}")
+        writer.close()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        moved = _loghub_cli(
+            cluster, "cluster", "reassign", PROJECT, "moving", "0", "--replicas", ",".join(target)
+        )
+        assert moved.returncode == 0, moved.stderr
+        wait_for(
+            lambda: (lambda r: set(r.replicas) == set(target) and not r.target)(
+                records(cluster, "moving")[0]
+            ),
+            30,
+            "the reassignment to end",
+        )
+        count = len(acked)
+        wait_for(lambda: len(acked) > count + 20, 10, "writes after the move")
+    finally:
+        stop.set()
+        writer.join()
+    after = records(cluster, "moving")[0]
+    assert after.leader in target and set(after.isr) == set(target)
+    assert failures == []
+    wait_for(lambda: _same_copies(cluster, "moving", [index_of(r) for r in target]), 10, "copies")
+    assert sorted(read_values(client(cluster, 3), "moving", 0)) == sorted(acked)
+
+
+def _same_copies(cluster: LogHubCluster, logstore: str, indexes: list[int]) -> bool:
+    return len({shard_files(cluster, i, logstore, 0) for i in indexes}) == 1

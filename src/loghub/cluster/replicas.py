@@ -5,6 +5,12 @@ One key per shard, ``/loghub/replicas/{project}/{logstore}/{shard_id}``, JSON::
 
     {"replicas": ["n1", "n2", "n3"], "leader": "n1", "epoch": 4, "isr": ["n1", "n3"]}
 
+and, while a reassignment moves the shard to other nodes, ``"target"``: the replica set it
+moves to. Kafka's order: ``replicas`` is first the full set (the target's nodes first, then
+the old ones), the new replicas catch up and join the ISR, and only then ``replicas``
+becomes the target and the ISR drops the others (``replication.ReplicaManager`` makes that
+last step, handing leadership to a target node first when the leader leaves).
+
 Written by compare-and-swap only, on the key's mod revision, which plays the part of the
 ``ShardLeadership`` version in ``loghub.coordination.replica``: the controller writes a new
 record (a shard placed) and elections (a new leader, a new epoch); the leader writes ISR
@@ -25,7 +31,15 @@ from dataclasses import dataclass
 from loghub.cluster.etcd_store import EtcdStore, Fence
 from loghub.metadata.cluster_store import ShardLeadership
 
-__all__ = ["REPLICAS_PREFIX", "ReplicaRecord", "read_replica_records_at", "replica_key"]
+__all__ = [
+    "REPLICAS_PREFIX",
+    "ReplicaRecord",
+    "completed",
+    "read_replica_records_at",
+    "reassign",
+    "reassigned",
+    "replica_key",
+]
 
 REPLICAS_PREFIX = "/loghub/replicas/"
 
@@ -49,21 +63,22 @@ class ReplicaRecord:
     epoch: int
     isr: tuple[str, ...]
     mod_revision: int = 0
+    target: tuple[str, ...] = ()  # the replica set a reassignment moves to (empty: none)
 
     @property
     def key(self) -> ShardKey:
         return (self.project, self.logstore, self.shard_id)
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "replicas": list(self.replicas),
-                "leader": self.leader,
-                "epoch": self.epoch,
-                "isr": list(self.isr),
-            },
-            sort_keys=True,
-        ).encode()
+        body: dict[str, object] = {
+            "replicas": list(self.replicas),
+            "leader": self.leader,
+            "epoch": self.epoch,
+            "isr": list(self.isr),
+        }
+        if self.target:
+            body["target"] = list(self.target)
+        return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, key: str, value: bytes, mod_revision: int) -> ReplicaRecord:
@@ -78,6 +93,7 @@ class ReplicaRecord:
             int(body["epoch"]),
             tuple(str(r) for r in body["isr"]),
             mod_revision,
+            tuple(str(r) for r in body.get("target", ())),
         )
 
     def leadership(self) -> ShardLeadership:
@@ -96,6 +112,7 @@ class ReplicaRecord:
             leadership.leader_epoch,
             leadership.isr,
             self.mod_revision,
+            self.target,
         )
 
     async def swap(
@@ -117,3 +134,36 @@ async def read_replica_records_at(store: EtcdStore) -> tuple[dict[ShardKey, Repl
         record = ReplicaRecord.decode(entry.key, entry.value, entry.mod_revision)
         records[record.key] = record
     return records, revision
+
+
+def reassigned(record: ReplicaRecord, target: tuple[str, ...]) -> ReplicaRecord:
+    """The record that starts moving the shard to ``target`` (the first of it becomes the
+    preferred leader): the full set first, the ISR as it is."""
+    assert target and len(set(target)) == len(target), target
+    full = (*target, *(r for r in record.replicas if r not in target))
+    return ReplicaRecord(record.project, record.logstore, record.shard_id, full, record.leader,
+                         record.epoch, record.isr, record.mod_revision, target)  # fmt: skip
+
+
+def completed(record: ReplicaRecord) -> ReplicaRecord | None:
+    """The record that ends a reassignment once every target replica is in sync and the
+    leader is one of them: the target set, the ISR without the others. None before."""
+    if not record.target or not set(record.target) <= set(record.isr):
+        return None
+    if record.leader not in record.target:
+        return None
+    isr = tuple(r for r in record.isr if r in record.target)
+    return ReplicaRecord(record.project, record.logstore, record.shard_id, record.target,
+                         record.leader, record.epoch, isr, record.mod_revision)  # fmt: skip
+
+
+async def reassign(store: EtcdStore, key: ShardKey, target: tuple[str, ...]) -> ReplicaRecord:
+    """Starts moving a shard's replicas to ``target`` (``loghub cluster reassign``)."""
+    while True:
+        entry = await store.get(replica_key(*key))
+        if entry is None:
+            raise LookupError(f"shard {key[2]} of {key[0]}/{key[1]} has no replica record")
+        record = ReplicaRecord.decode(entry.key, entry.value, entry.mod_revision)
+        changed = reassigned(record, target)
+        if await record.swap(store, changed):
+            return changed

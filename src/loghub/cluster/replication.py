@@ -41,7 +41,7 @@ from typing import Protocol
 
 from loghub.cluster.etcd_store import EtcdStore
 from loghub.cluster.membership import NodeInfo
-from loghub.cluster.replicas import ReplicaRecord, ShardKey, replica_key
+from loghub.cluster.replicas import ReplicaRecord, ShardKey, completed, replica_key
 from loghub.coordination.replica import (
     EpochCache,
     EpochEndOffset,
@@ -165,6 +165,9 @@ class _Leading:
         self.appended = asyncio.Event()
         self.handing_over = False
         self.deposed = False
+        # writes between their leadership check and their answer: a hand-over waits for
+        # them, or one appended after its last look at the log end would be deposed
+        self.inflight = 0
 
     def snapshot(self) -> LogSnapshot:
         return snapshot(self.shard_log, self.state.leader_epoch, self.state.epoch_start_offset)
@@ -219,6 +222,10 @@ class ReplicaManager:
         self._closed = False
         # shards whose leadership this node is handing over (drain, preferred leader)
         self._moving: set[ShardKey] = set()
+        # deposed leaderships whose writes may still be appending: a follower of the shard
+        # starts fetching only once they are done, so no leader append lands among the
+        # records it copies (Kafka takes the partition's leader-ISR lock for the same)
+        self._deposed: dict[ShardKey, _Leading] = {}
         self.draining = False
 
     async def start(self) -> None:
@@ -314,6 +321,7 @@ class ReplicaManager:
     def _depose(self, key: ShardKey, record: ReplicaRecord | None) -> None:
         leading = self._leading.pop(key)
         leading.deposed = True
+        self._deposed[key] = leading
         leading.appended.set()
         leading.fail_waiters(
             f"shard {key[2]} of {key[1]}: the leader changed while the write waited for its "
@@ -355,18 +363,25 @@ class ReplicaManager:
 
     # --- the leader's side ---------------------------------------------------------------
 
-    def check_writable(self, key: ShardKey) -> None:
+    def check_writable(self, key: ShardKey) -> object | None:
         """Before an append: ``NotEnoughReplicasError`` when the ISR is too small for the
-        write ever to be acknowledged. (Leadership is checked by ``leads``.)"""
+        write ever to be acknowledged (leadership is checked by ``leads``). Returns a token
+        for ``write_done``, which the caller must call once the write is answered."""
         leading = self._leading.get(key)
         if leading is None:
-            return
+            return None
         isr = leading.state.record.isr
         if len(isr) < self.settings.min_insync_replicas:
             raise NotEnoughReplicasError(
                 f"shard {key[2]} of {key[1]} has {len(isr)} in-sync replicas {list(isr)}, "
                 f"fewer than min_insync_replicas={self.settings.min_insync_replicas}; try again"
             )
+        leading.inflight += 1
+        return leading
+
+    def write_done(self, token: object | None) -> None:
+        if isinstance(token, _Leading):
+            token.inflight -= 1
 
     async def committed(self, key: ShardKey, end_seq: int) -> None:
         """Returns once the records before ``end_seq`` are held by every ISR member (the
@@ -447,6 +462,7 @@ class ReplicaManager:
             for key, leading in list(self._leading.items()):
                 try:
                     await self._check_isr(key, leading)
+                    await self._complete_reassignment(leading)
                     await self._move_if_wanted(key, leading)
                 except (ControlPlaneError, LogHubError) as exc:
                     log.warning("%s: ISR or leadership change failed: %s", key, exc)
@@ -472,6 +488,17 @@ class ReplicaManager:
             leading.advance()
             log.info("%s/%s shard %d: ISR now %s", key[0], key[1], key[2], list(wanted))
 
+    async def _complete_reassignment(self, leading: _Leading) -> None:
+        """Ends a reassignment whose target replicas are all in sync (the leader is one of
+        them; if not, ``_successor`` hands the shard to one first)."""
+        current = leading.record.with_leadership(leading.state.record)
+        done = completed(current)
+        if done is None or leading.deposed or self._store is None:
+            return
+        if await current.swap(self._store, done):
+            log.info("%s/%s shard %d: reassigned to %s", current.project, current.logstore,
+                     current.shard_id, list(done.replicas))  # fmt: skip
+
     def _successor(self, leading: _Leading, leaving: bool = False) -> str | None:
         """Whom to hand the shard over to: on a drain or when leaving, the first live ISR
         member that is not draining; else the preferred replica when it is in the ISR and
@@ -479,6 +506,13 @@ class ReplicaManager:
         nodes = self._nodes()
         isr = leading.state.record.isr
         preferred = leading.record.replicas[0]
+        target = leading.record.target
+        if target and self.node_id not in target:
+            # a reassignment takes this node out: once every target replica is in sync,
+            # leadership goes to the first of them (who then ends the reassignment)
+            if set(target) <= set(isr):
+                return target[0]
+            return None
         if self.draining or leaving:
             for member in (*leading.record.replicas,):
                 node = nodes.get(member)
@@ -497,7 +531,8 @@ class ReplicaManager:
         successor = self._successor(leading)
         if successor is None or leading.deposed or self._store is None:
             return
-        if not self.draining and _now_ms() - leading.state.since_ms < 5000:
+        reassigning = bool(leading.record.target) and self.node_id not in leading.record.target
+        if not self.draining and not reassigning and _now_ms() - leading.state.since_ms < 5000:
             return  # a leader keeps the shard a while before giving it back
         await self.hand_over(key, successor)
 
@@ -513,7 +548,10 @@ class ReplicaManager:
         leading.handing_over = True
         try:
             deadline = time.monotonic() + wait_s
-            while leading.shard_log.high_watermark_seq < leading.shard_log.end_seq:
+            while (
+                leading.inflight > 0
+                or leading.shard_log.high_watermark_seq < leading.shard_log.end_seq
+            ):
                 if leading.deposed or time.monotonic() > deadline:
                     return False
                 await asyncio.sleep(0.002)
@@ -535,6 +573,11 @@ class ReplicaManager:
     # --- the follower's side -------------------------------------------------------------
 
     async def _follow(self, key: ShardKey) -> None:
+        deposed = self._deposed.pop(key, None)
+        if deposed is not None:
+            deadline = time.monotonic() + 60
+            while deposed.inflight > 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
         backoff = 0.05
         shard_log: ShardLog | None = None
         while not self._closed:

@@ -433,17 +433,19 @@ class LogHubService:
                 (project, logstore, shard.shard_id), self.shard_quota(store), len(raw)
             )
             key = (project, logstore, shard.shard_id)
-            if self.replication is not None:
-                self.replication.check_writable(key)
+            token = None if self.replication is None else self.replication.check_writable(key)
             try:
                 sequence = self._open_log(store, shard).append(payload, self.clock.wall_ms())
+                if self.replication is not None:
+                    self.replication.committed_blocking(key, sequence + 1)
             except LogSealedError as exc:
                 if target not in ("lb", "route"):
                     raise ShardReadOnly(f"shard {shard.shard_id} is readonly") from exc
                 self.metadata.wait_for_writes()
                 continue
-            if self.replication is not None:
-                self.replication.committed_blocking(key, sequence + 1)
+            finally:
+                if self.replication is not None:
+                    self.replication.write_done(token)
             self.autosplit.record(project, logstore, shard.shard_id, len(payload))
             self.metrics.count_ingest(project, logstore, shard.shard_id, log_count, len(raw))
             return sequence
@@ -491,45 +493,48 @@ class LogHubService:
             shard_log = self._open_log(store, shard)
             shard_log.check_payload_size(len(payload))
             key = (project, logstore, shard.shard_id)
-            if self.replication is not None:
-                self.replication.check_writable(key)
-            producers = None
-            if write is not None:
-                producers = await self.idempotent.producers(
-                    (store.storage_key, shard.shard_id), shard_log, offload
-                )
-                stored = producers.find(write)
-                if stored is not None:
-                    # a retry of a write this shard holds (or is appending): the first
-                    # attempt's answer, once its replicas hold it
-                    end = stored if isinstance(stored, int) else await asyncio.shield(stored)
-                    if self.replication is not None:
-                        await self.replication.committed(key, end)
-                    return end - 1
-                appending: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-                producers.note(write, appending)
+            token = None if self.replication is None else self.replication.check_writable(key)
             try:
-                sequence = await commits.append(shard_log, payload, self.clock.wall_ms())
-            except BaseException as exc:
-                if producers is not None and write is not None:
-                    producers.forget(write)
-                    appending.set_exception(
-                        exc
-                        if isinstance(exc, Exception)
-                        else ServerBusy("the first attempt of this write was cut short; retry")
+                producers = None
+                if write is not None:
+                    producers = await self.idempotent.producers(
+                        (store.storage_key, shard.shard_id), shard_log, offload
                     )
-                    appending.exception()  # retrieved: a retry that waited re-raises it
-                if isinstance(exc, LogSealedError):
-                    if target not in ("lb", "route"):
-                        raise ShardReadOnly(f"shard {shard.shard_id} is readonly") from exc
-                    await offload(self.metadata.wait_for_writes)
-                    continue
-                raise
-            if producers is not None and write is not None:
-                producers.note(write, sequence + 1)
-                appending.set_result(sequence + 1)
-            if self.replication is not None:
-                await self.replication.committed(key, sequence + 1)
+                    stored = producers.find(write)
+                    if stored is not None:
+                        # a retry of a write this shard holds (or is appending): the first
+                        # attempt's answer, once its replicas hold it
+                        end = stored if isinstance(stored, int) else await asyncio.shield(stored)
+                        if self.replication is not None:
+                            await self.replication.committed(key, end)
+                        return end - 1
+                    appending: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+                    producers.note(write, appending)
+                try:
+                    sequence = await commits.append(shard_log, payload, self.clock.wall_ms())
+                except BaseException as exc:
+                    if producers is not None and write is not None:
+                        producers.forget(write)
+                        appending.set_exception(
+                            exc
+                            if isinstance(exc, Exception)
+                            else ServerBusy("the first attempt of this write was cut short; retry")
+                        )
+                        appending.exception()  # retrieved: a retry that waited re-raises it
+                    if isinstance(exc, LogSealedError):
+                        if target not in ("lb", "route"):
+                            raise ShardReadOnly(f"shard {shard.shard_id} is readonly") from exc
+                        await offload(self.metadata.wait_for_writes)
+                        continue
+                    raise
+                if producers is not None and write is not None:
+                    producers.note(write, sequence + 1)
+                    appending.set_result(sequence + 1)
+                if self.replication is not None:
+                    await self.replication.committed(key, sequence + 1)
+            finally:
+                if self.replication is not None:
+                    self.replication.write_done(token)
             self.autosplit.record(project, logstore, shard.shard_id, len(payload))
             self.metrics.count_ingest(project, logstore, shard.shard_id, log_count, len(raw))
             balance = self._lb.get((project, logstore))
@@ -842,9 +847,12 @@ class LogHubService:
 class ReplicationGate(Protocol):
     """A replicated shard's leader (``loghub.cluster.replication.ReplicaManager``)."""
 
-    def check_writable(self, key: tuple[str, str, int]) -> None:
-        """NotEnoughReplicasError while the ISR is too small to acknowledge a write."""
+    def check_writable(self, key: tuple[str, str, int]) -> object | None:
+        """NotEnoughReplicasError while the ISR is too small to acknowledge a write; else a
+        token for ``write_done``, called once the write is answered."""
         ...
+
+    def write_done(self, token: object | None) -> None: ...
 
     async def committed(self, key: tuple[str, str, int], end_seq: int) -> None:
         """Returns once the ISR holds the records before ``end_seq``."""
