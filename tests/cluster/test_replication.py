@@ -357,6 +357,36 @@ def test_a_node_stopped_with_sigterm_hands_its_leaderships_over_first(
     )
 
 
+def test_split_and_merge_of_replicated_shards(cluster: LogHubCluster) -> None:
+    """The children of a split, and the shard a merge makes, are placed with full replica
+    sets; the parents stay readable through any node, every write in its place."""
+    client(cluster, 0).create_logstore(PROJECT, "reshard", shard_count=1)
+    wait_for(lambda: len(records(cluster, "reshard")) == 1, what="replica record")
+    wait_for(lambda: all(alive(cluster, i) for i in range(3)), what="three nodes")
+    writer = client(cluster, 1)
+    for n in range(20):
+        put(writer, "reshard", f"before{n}", 0)
+    parent, left, right = writer.split_shard(PROJECT, "reshard", 0)
+    assert parent.shard_id == 0 and not parent.writable
+    wait_for(lambda: {left.shard_id, right.shard_id} <= set(records(cluster, "reshard")), 20,
+             "children placed")  # fmt: skip
+    children = records(cluster, "reshard")
+    for child in (left.shard_id, right.shard_id):
+        assert len(children[child].replicas) == 3 and len(children[child].isr) == 3
+        for n in range(10):
+            put(client(cluster, n % 3), "reshard", f"c{child}-{n}", child)
+    merged, _, _ = writer.merge_shard(PROJECT, "reshard", left.shard_id)
+    wait_for(lambda: merged.shard_id in records(cluster, "reshard"), 20, "merged shard placed")
+    for n in range(10):
+        put(client(cluster, n % 3), "reshard", f"m{n}", merged.shard_id)
+    for index in range(3):
+        reader = client(cluster, index)
+        assert read_values(reader, "reshard", 0) == [f"before{n}" for n in range(20)]
+        for child in (left.shard_id, right.shard_id):
+            assert read_values(reader, "reshard", child) == [f"c{child}-{n}" for n in range(10)]
+        assert read_values(reader, "reshard", merged.shard_id) == [f"m{n}" for n in range(10)]
+
+
 def test_a_reassignment_moves_a_shard_to_another_node_with_no_write_refused(
     cluster: LogHubCluster,
 ) -> None:
