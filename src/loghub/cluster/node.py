@@ -250,7 +250,7 @@ class NodeAgent:
         """Reads every replica record and takes the roles they give this node."""
         assert self.replication is not None
         records, revision = await read_replica_records_at(self.store)
-        await self.replication.reconcile(records)
+        await self.replication.reconcile(records, revision)
         if self.on_change:
             self.on_change()
         return revision

@@ -220,6 +220,9 @@ class ReplicaManager:
         self._isr_task: asyncio.Task[None] | None = None
         self._reconciling = asyncio.Lock()
         self._closed = False
+        # the node is stopping (SIGTERM): it hands its shards over and follows none, since
+        # a follower that rejoined an ISR and then stopped would hold writes for the lag
+        self._leaving = False
         # shards whose leadership this node is handing over (drain, preferred leader)
         self._moving: set[ShardKey] = set()
         # deposed leaderships whose writes may still be appending: a follower of the shard
@@ -237,14 +240,25 @@ class ReplicaManager:
         shutdown), so that a node stopped on purpose costs its clients no failover; called
         while the node still serves requests. A shard that cannot move within ``wait_s``
         is left to the election that follows the node's lease."""
+        self._leaving = True
+        for _record, task in self._following.values():
+            task.cancel()
         moves = []
         for key, leading in list(self._leading.items()):
             successor = self._successor(leading, leaving=True)
             if successor is not None and self._store is not None:
-                moves.append(self.hand_over(key, successor, wait_s))
+                moves.append(self.hand_over(key, successor, wait_s, leaving=True))
         if moves:
+            done: list[object] = []
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*moves, return_exceptions=True), wait_s + 1)
+                done = await asyncio.wait_for(
+                    asyncio.gather(*moves, return_exceptions=True), wait_s + 1
+                )
+            if any(moved is True for moved in done):
+                # the other nodes learn of the new leaders a watch event later: until then
+                # this one still answers them (it passes their writes on), rather than have
+                # them meet a closed port
+                await asyncio.sleep(0.3)
 
     async def stop(self) -> None:
         self._closed = True
@@ -278,9 +292,25 @@ class ReplicaManager:
             if len(leading.state.record.isr) < len(leading.record.replicas)
         ]
 
-    async def reconcile(self, records: Mapping[ShardKey, ReplicaRecord]) -> None:
-        """Takes the roles ``records`` give this node (see the module docstring)."""
+    async def reconcile(
+        self, records: Mapping[ShardKey, ReplicaRecord], revision: int | None = None
+    ) -> None:
+        """Takes the roles ``records`` (read at store revision ``revision``) give this node
+        (see the module docstring). A read can be older than a change the watch already
+        brought (a resync that started before it): a record older than the one known is
+        ignored, and a record missing from the read drops the known one only if the read is
+        newer than it, so a stale read never deposes a leader."""
         async with self._reconciling:
+            merged: dict[ShardKey, ReplicaRecord] = {}
+            for key in set(records) | set(self.records):
+                new, known = records.get(key), self.records.get(key)
+                if new is not None and (known is None or new.mod_revision >= known.mod_revision):
+                    merged[key] = new
+                elif known is not None and (
+                    new is not None or revision is None or revision < known.mod_revision
+                ):
+                    merged[key] = known
+            records = merged
             self.records = dict(records)
             for key in list(self._leading):
                 record = records.get(key)
@@ -310,7 +340,7 @@ class ReplicaManager:
                         await task
                     del self._following[key]
             for key, record in records.items():
-                if self.node_id not in record.replicas or self._closed:
+                if self.node_id not in record.replicas or self._closed or self._leaving:
                     continue
                 if record.leader == self.node_id:
                     if key not in self._leading:
@@ -536,7 +566,9 @@ class ReplicaManager:
             return  # a leader keeps the shard a while before giving it back
         await self.hand_over(key, successor)
 
-    async def hand_over(self, key: ShardKey, successor: str, wait_s: float = 5.0) -> bool:
+    async def hand_over(
+        self, key: ShardKey, successor: str, wait_s: float = 5.0, leaving: bool = False
+    ) -> bool:
         """A planned move of leadership to ``successor`` (an ISR member), refusing no
         write: new writes wait, the ISR catches up with the log end, then the successor's
         election is written (the next epoch). False when it did not happen (the ISR did not
@@ -555,14 +587,20 @@ class ReplicaManager:
                 if leading.deposed or time.monotonic() > deadline:
                     return False
                 await asyncio.sleep(0.002)
-            record = leading.record
+            record = leading.record.with_leadership(leading.state.record)
+            # a node that leaves (SIGTERM) leaves the ISR too: the new leader must not wait
+            # ``replica_lag_ms`` for a replica that will not fetch
+            others = [
+                m for m in record.isr if m != successor and not (leaving and m == self.node_id)
+            ]
             election = ShardLeadership(
-                successor, record.epoch + 1, (successor, *(m for m in record.isr
-                                                          if m != successor)),
-                record.mod_revision + 1,
-            )  # fmt: skip
+                successor, record.epoch + 1, (successor, *others), record.mod_revision + 1
+            )
             if not await record.swap(self._store, record.with_leadership(election)):
                 return False
+            # the record names the successor now: this node takes nothing more, even before
+            # its watch brings the change
+            leading.deposed = True
             log.info("%s/%s shard %d: leadership handed to %s (epoch %d)", key[0], key[1],
                      key[2], successor, election.leader_epoch)  # fmt: skip
             return True
@@ -580,7 +618,7 @@ class ReplicaManager:
                 await asyncio.sleep(0.005)
         backoff = 0.05
         shard_log: ShardLog | None = None
-        while not self._closed:
+        while not self._closed and not self._leaving:
             record = self.records.get(key)
             if record is None or record.leader == self.node_id:
                 return

@@ -871,7 +871,22 @@ class LogHubApp:
             for attempt in range(_WRITE_MOVES_MAX):
                 if node is None:
                     break
-                reply = await self._forward_shard_request(call, node, logstore, target)
+                try:
+                    reply = await self._forward_shard_request(call, node, logstore, target)
+                except ServerBusy as refused:
+                    # the node refused the connection (nothing was sent): it stopped after
+                    # handing its shards over, or died; route again once the view moved on
+                    if not self._unreachable(refused):
+                        raise
+                    shard_id = self._shard_of(call, project, logstore, asked, target)
+                    if shard_id is None:
+                        await asyncio.sleep(0.2)  # a load-balanced write: choose again
+                    elif not await self._cluster.rerouted(
+                        project, logstore, shard_id, node.node_id
+                    ):
+                        raise
+                    node, target = self._shard_node(call, project, logstore, asked)
+                    continue
                 if NOT_SERVED_HEADER not in reply.headers or attempt == _WRITE_MOVES_MAX - 1:
                     return reply
                 # the node this one's view named had just stopped serving the shard (its
@@ -948,6 +963,25 @@ class LogHubApp:
             headers["x-loghub-diverging-epoch"] = str(answer.diverging.leader_epoch)
             headers["x-loghub-diverging-end"] = str(answer.diverging.end_offset)
         return Response(answer.records, headers=headers)
+
+    @staticmethod
+    def _unreachable(error: ServerBusy) -> bool:
+        from loghub.server.cluster_routing import NodeUnreachable
+
+        return isinstance(error, NodeUnreachable)
+
+    def _shard_of(
+        self, call: _Call, project: str, logstore: str, asked: str, target: str
+    ) -> int | None:
+        """The shard a routed request is for (None for a load-balanced write, which the
+        next routing sends wherever a writable shard is)."""
+        if target.isdigit():
+            return int(target)
+        if asked == "route":
+            return self.service.pick_shard(
+                project, logstore, "route", call.optional("key")
+            ).shard_id
+        return None
 
     async def _forward_shard_request(
         self, call: _Call, node: NodeInfo, logstore: str, target: str

@@ -48,9 +48,10 @@ from loghub.errors import (
 )
 from loghub.server.config import KeyGrant, KeyRing, parse_keys_document, split_keys
 from loghub.server.service import NotServedHere
+from loghub.wire.producer_ids import PRODUCER_HEADER
 from loghub.wire.signing import Credentials, sign_v1
 
-__all__ = ["FORWARDED_HEADER", "ClusterRouting"]
+__all__ = ["FORWARDED_HEADER", "ClusterRouting", "NodeUnreachable"]
 
 log = logging.getLogger("loghub.server")
 
@@ -71,6 +72,12 @@ _DRAIN_CHECK_S = 0.5
 _GROUP_CALL_TIMEOUT_S = 10.0
 
 _T = TypeVar("_T")
+_PRODUCER = PRODUCER_HEADER.encode()
+
+
+class NodeUnreachable(ServerBusy):
+    """A forward whose connection was refused: nothing reached the node, so the request
+    may be routed again (``LogHubApp._shard`` does, once its view has moved on)."""
 
 
 class ClusterRouting:
@@ -232,6 +239,20 @@ class ClusterRouting:
             self.agent.owner_id(project, logstore, shard_id) is None and time.monotonic() < deadline
         ):
             await asyncio.sleep(0.01)
+
+    async def rerouted(
+        self, project: str, logstore: str, shard_id: int, away_from: str, wait_s: float = 1.5
+    ) -> bool:
+        """Waits, up to ``wait_s``, for this node's view to stop naming ``away_from`` as the
+        shard's node (a leader that handed the shard over and stopped, or died: the watch
+        brings the change); whether it did."""
+        assert self.agent is not None
+        deadline = time.monotonic() + wait_s
+        while self.agent.owner_id(project, logstore, shard_id) == away_from:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
 
     async def moved(self, project: str, logstore: str, shard_id: int) -> None:
         """Waits, up to ``placement_wait_s``, while the view says this node serves a shard
@@ -399,6 +420,17 @@ class ClusterRouting:
         except httpx.HTTPError as exc:
             log.warning("forwarding %s %s to node %s failed: %r", method, raw_path,
                         node.node_id, exc)  # fmt: skip
+            idempotent = any(name.lower() == _PRODUCER for name, _ in headers)
+            if isinstance(exc, httpx.ConnectError) or (
+                idempotent
+                and isinstance(exc, httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError)
+            ):
+                # nothing was sent, or the write names its id (a second copy would be
+                # answered as stored): the caller may route the request again
+                raise NodeUnreachable(
+                    f"node {node.node_id}, which serves this request, refused the connection;"
+                    " try again"
+                ) from exc
             raise ServerBusy(
                 f"node {node.node_id}, which serves this request, did not answer; try again"
             ) from exc
