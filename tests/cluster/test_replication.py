@@ -27,6 +27,7 @@ from loghub.client import LogHubClient
 from loghub.cluster.etcd_store import EtcdStore
 from loghub.cluster.replicas import ReplicaRecord, read_replica_records_at
 from loghub.errors import LogHubError
+from loghub.wire.cursor import decode_cursor
 from loghub.wire.logs import make_log_group
 from loghub.wire.producer_ids import ProducerIds, WriteId
 
@@ -385,6 +386,84 @@ def test_split_and_merge_of_replicated_shards(cluster: LogHubCluster) -> None:
         for child in (left.shard_id, right.shard_id):
             assert read_values(reader, "reshard", child) == [f"c{child}-{n}" for n in range(10)]
         assert read_values(reader, "reshard", merged.shard_id) == [f"m{n}" for n in range(10)]
+
+
+def test_a_consumer_group_reads_through_a_leader_failover(
+    cluster: LogHubCluster, tmp_path: Path
+) -> None:
+    """LogHub's ConsumerWorker (its own process, through a node that stays up) consumes
+    two shards while their writes go on and one leader is killed: every acknowledged log is
+    processed, and no checkpoint is ever beyond what the shard holds (reads stop at the high
+    watermark, so a consumer never sees what a failover takes back)."""
+    import json
+    import subprocess
+    import sys
+
+    client(cluster, 0).create_logstore(PROJECT, "consumed", shard_count=2)
+    wait_for(lambda: len(records(cluster, "consumed")) == 2, what="replica records")
+    wait_for(lambda: all(alive(cluster, i) for i in range(3)), what="three nodes")
+    wait_for(lambda: all(len(r.isr) == 3 for r in records(cluster, "consumed").values()), 30,
+             "ISR")  # fmt: skip
+    client(cluster, 0).create_consumer_group(PROJECT, "consumed", "readers", 10, False)
+    victim = index_of(records(cluster, "consumed")[0].leader)
+    through = (victim + 1) % 3
+    out = tmp_path / "consumer"
+    out.mkdir()
+    worker_script = (
+        Path(__file__).resolve().parents[1] / "integration" / "loghub_consumer_worker.py"
+    )
+    consumer = subprocess.Popen(
+        [sys.executable, str(worker_script), str(out), cluster.nodes[through].endpoint, PROJECT,
+         "consumed", "readers", "w1", "server"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    writer = LogHubClient(cluster.nodes[through].endpoint, "ak", "sk", timeout_s=3.0)
+    ids = ProducerIds()
+    acked: set[tuple[str, int]] = set()
+    try:
+        for n in range(300):
+            if n == 100:
+                os.kill(cluster.nodes[victim].pid, signal.SIGKILL)
+                cluster.nodes[victim].proc.wait()  # type: ignore[union-attr]
+            key = f"k{n % 2}"
+            group = make_log_group([(int(time.time()), {"key": key, "n": str(n)})])
+            write_id = ids.next()
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    writer.put_log_group(PROJECT, "consumed", group, shard_id=n % 2,
+                                         write_id=write_id)  # fmt: skip
+                    acked.add((key, n))
+                    break
+                except LogHubError:
+                    assert time.monotonic() < deadline, "writes did not resume"
+                    time.sleep(0.05)
+
+        def processed() -> set[tuple[str, int]]:
+            seen = set()
+            for path in out.glob("*.jsonl"):
+                for line in path.read_text().splitlines():
+                    event = json.loads(line)
+                    if event["e"] == "logs":
+                        seen |= {(k, n) for k, n, _seq in event["logs"]}
+            return seen
+
+        wait_for(lambda: acked <= processed(), 60, "every acknowledged log processed")
+    finally:
+        consumer.terminate()
+        consumer.wait(timeout=30)
+        writer.close()
+        cluster.start_node(victim)
+    ends = {}
+    reader = client(cluster, through)
+    for shard_id in (0, 1):  # the high watermark: what the shard holds for readers
+        ends[shard_id] = decode_cursor(reader.get_cursor(PROJECT, "consumed", shard_id, "end"))
+    checkpoints = reader.get_checkpoints(PROJECT, "consumed", "readers")
+    assert all(checkpoints.values()), checkpoints
+    for shard_id, checkpoint in checkpoints.items():
+        assert decode_cursor(checkpoint) <= ends[shard_id], (shard_id, checkpoint, ends)
+    wait_for(lambda: all(len(r.isr) == 3 for r in records(cluster, "consumed").values()), 60,
+             "the killed node back in sync")  # fmt: skip
 
 
 def test_a_reassignment_moves_a_shard_to_another_node_with_no_write_refused(
