@@ -404,6 +404,10 @@ def measure_rf(cluster: Cluster, args: argparse.Namespace, throughput: list[Batc
         series.errors[f"RF {cluster.rf}: leadership or ISR changed: {'; '.join(changed)}"] = 1
 
 
+def _load() -> str:
+    return load_average().removeprefix("load ").removesuffix(" (1/5/15 min)")
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -440,7 +444,7 @@ def main() -> None:
     throughput = build_batches(16, args.logs)
     small = build_batches(16, LATENCY_LOGS)
     series = {1: Series(), 3: Series()}
-    loads = [f"start: {load_average()}"]
+    loads = [f"start {_load()}"]
     try:
         for run in range(args.runs):
             for rf in (1, 3) if run % 2 == 0 else (3, 1):
@@ -451,11 +455,11 @@ def main() -> None:
                     where = cluster.settle(args.shards)
                     print(f"    cluster ready in {time.monotonic() - started:.1f} s: {where}")
                     measure_rf(cluster, args, throughput, small, series[rf])
-                loads.append(f"run {run + 1} RF {rf}: {load_average()}")
+                loads.append(f"after run {run + 1} RF {rf} {_load()}")
                 remove_tree(base)
     finally:
         remove_tree(data_dir)
-    loads.append(f"end: {load_average()}")
+    loads.append(f"end {_load()}")
     rows = summarise(series, args)
     notes = [
         f"3 nodes and a 3-member etcd on this one machine (all share its cores and disk), a "
@@ -470,7 +474,7 @@ def main() -> None:
         "RF 3: --min-insync-replicas "
         f"{args.min_insync_replicas}; a write is acknowledged once all 3 in-sync replicas "
         "fsynced it",
-        "load average (1/5/15 min) " + "; ".join(loads),
+        "load average (1/5/15 min): " + "; ".join(loads),
     ]
     for rf in (1, 3):
         for key, value in sorted(series[rf].errors.items(), key=lambda kv: -kv[1])[:5]:
@@ -498,7 +502,7 @@ def summarise(series: dict[int, Series], args: argparse.Namespace) -> list[Row]:
     )
     case_a = f"{args.writers} writers x {args.logs} logs, {args.shards} shards, RF 3"
     case_b = f"1 writer x {LATENCY_LOGS} logs, RF 3"
-    reference = "RF 1, same cluster"
+    reference = "RF 1, 3 nodes, same run"
     rows = [
         Row(case_a, "logs/s", three.logs_per_s, reference=Reference(reference, one.logs_per_s),
             extra={"nodes_cores": three.cores, "reference_nodes_cores": one.cores,
