@@ -40,7 +40,7 @@ NOT_BENCHMARKS = {"run_all", "report", "produce_cli", "profile_ingest"}
 ORDER = [
     "ingest", "pull", "small_requests", "latency", "groups", "heartbeats", "rebalance",
     "consumer_vs_sdk", "consumer_memory", "big_bodies", "idle_shards", "validate",
-    "spark_source",
+    "replication", "spark_source",
 ]  # fmt: skip
 
 # name: (arguments, seconds allowed). An argument a script does not list in its --help is
@@ -63,6 +63,8 @@ BUDGETS: dict[str, tuple[list[str], float]] = {
     "heartbeats": (["--runs", "3"], 100),
     "idle_shards": (["--runs", "3"], 100),
     "kafka_protocol": (["--logs", "50000", "--runs", "3"], 150),
+    # four clusters (etcd and 3 nodes each) started and stopped: about 90 s in all
+    "replication": (["--runs", "2", "--seconds", "5"], 180),
 }
 DEFAULT_BUDGET: tuple[list[str], float] = ([], 90)
 SMOKE_SECONDS = 120  # one script's limit with --smoke (they take a few seconds)
