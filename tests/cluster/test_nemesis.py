@@ -44,6 +44,7 @@ from loghub.wire.logs import frame_log_group, make_log_group  # noqa: E402
 SHORT_RUN_S = 20.0
 SEED = 20261133  # fixed: its first three faults are one of each; LOGHUB_SEED replays another
 SHORT_RUN_FAULTS = ("kill_node", "pause_node", "kill_etcd_leader")
+SHORT_RUN_REPLICATION_FACTOR = 3
 
 
 def write(process: str, t: int, outcome: str, *values: str, client: str = "loghub") -> list[Op]:
@@ -333,15 +334,18 @@ def test_history_files_merge_in_time_order_and_an_unfinished_op_reads_as_info(
 
 def test_short_nemesis_run_loses_no_acknowledged_write(tmp_path: Path) -> None:
     """20 s of node SIGKILLs and restarts, SIGSTOP past the node TTL and etcd leader kills,
-    on 3 etcd members and 3 nodes, with writers through both clients: after healing, every
-    acknowledged write is in the log and no position holds two values."""
+    on 3 etcd members and 3 nodes with three replicas of each shard, with writers through
+    both clients: after healing, every acknowledged write is in the log, no position holds
+    two values, every shard's ISR holds its three replicas and their copies are
+    byte-identical."""
     seed = int(os.environ.get("LOGHUB_SEED", SEED))
     lines: list[str] = []
     started = time.monotonic()
     result = run_once(
-        Options(seconds=SHORT_RUN_S, seed=seed, faults=SHORT_RUN_FAULTS, writers=1),
+        Options(seconds=SHORT_RUN_S, seed=seed, faults=SHORT_RUN_FAULTS, writers=1,
+                replication_factor=SHORT_RUN_REPLICATION_FACTOR),
         log=lines.append,
-    )
+    )  # fmt: skip
     text = "\n".join([*lines, format_report(result.report)])
     print(text)
     print(f"short nemesis run: {time.monotonic() - started:.1f} s wall")
@@ -350,6 +354,9 @@ def test_short_nemesis_run_loses_no_acknowledged_write(tmp_path: Path) -> None:
     assert report.ok > 100 and {"loghub", "sdk"} <= set(report.by_kind), text
     assert not report.lost, text
     assert not report.inconsistent, text
+    assert report.replicated and not report.isr_not_full, text
+    assert report.replica_shards == report.replica_shards_identical == 6, text
+    assert report.valid, text
     assert not result.crashes, text
 
 
