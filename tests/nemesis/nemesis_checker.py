@@ -63,8 +63,10 @@ __all__ = [
 
 Position = tuple[int, int, int]
 Observation = tuple[int, int, int, str]
-# faults that take a node's leaderships away (its lease ends or it is deposed): their
-# "fault -> first ack in the victim's ranges" is a failover time
+# faults after which the victim's leaderships answer nothing until they are elected elsewhere
+# (it is killed, paused or cut from everyone): their "fault -> first ack in the victim's
+# ranges" is a failover time. Not a cut from etcd alone: the victim goes on acknowledging
+# until its lease ends, so the first ack there says nothing of the election
 LEADER_LOSS_FAULTS = (
     "kill_node",
     "kill_busiest",
@@ -72,7 +74,6 @@ LEADER_LOSS_FAULTS = (
     "pause_node",
     "torn_tail",
     "flip_follower_byte",
-    "partition_etcd",
     "isolate_node",
 )
 AFTER_LIFT_NS = 5_000_000_000  # the failover window runs this long past the fault's end
