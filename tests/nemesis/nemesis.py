@@ -266,17 +266,18 @@ def tear_tail(shard_dir: Path, rng: random.Random) -> dict[str, Any] | None:
 def flip_byte(shard_dir: Path, below_seq: int, rng: random.Random) -> dict[str, Any] | None:
     """Flips one byte (XOR 0xff) of the payload of a record below ``below_seq`` (the
     shard's high watermark: an acknowledged record) in the middle of the newest segment of
-    ``shard_dir`` that holds such records: never its last record, so that intact records
-    follow the damage (damage in the middle, not a torn tail). None when no segment holds
-    three records or more below ``below_seq``. The file must not be open in a running
-    server."""
+    ``shard_dir`` that holds such records (from the middle half of them): never its first
+    or last record, so that intact records surround the damage (damage in the middle, not a
+    torn tail). None when no segment has such a record. The file must not be open in a
+    running server."""
     for path in sorted(shard_dir.glob("*.log"), reverse=True):
         data = bytearray(path.read_bytes())
         records, _end = walk(bytes(data))
-        eligible = [r for r in records[:-1] if r.sequence < below_seq and r.end > r.payload_start]
-        if len(eligible) < 3:
+        # never the first or last record: intact records on both sides (damage in the middle)
+        eligible = [r for r in records[1:-1] if r.sequence < below_seq and r.end > r.payload_start]
+        if not eligible:
             continue
-        record = eligible[rng.randrange(len(eligible) // 4, len(eligible) * 3 // 4 + 1)]
+        record = eligible[rng.randrange(len(eligible) // 4, len(eligible) - len(eligible) // 4)]
         values = _values(bytes(data[record.payload_start : record.end]))
         position = rng.randrange(record.payload_start, record.end)
         with open(path, "r+b") as file:
@@ -472,23 +473,36 @@ class Nemesis:
         return {**fault.detail, "torn": torn}
 
     def _flip_follower_byte(self, fault: Injection) -> dict[str, Any]:
-        shard = fault.detail.get("shard")
-        high_watermark = None if shard is None else self.high_watermark(shard)
-        node = self.cluster.nodes[fault.target]
-        node.kill()
+        """The drawn shard first; when its copy holds too few acknowledged records (early in
+        a run), the other shards the target follows in sync, in an order of the fault's
+        generator."""
+        drawn = fault.detail.get("shard")
+        me = f"n{fault.target}"
+        others = sorted(s for s, r in self.records().items()
+                        if s != drawn and r.leader != me and me in r.isr)  # fmt: skip
+        fault.rng.shuffle(others)
+        shards = ([] if drawn is None else [drawn]) + others
+        high_watermarks = {shard: self.high_watermark(shard) for shard in shards}
+        self.cluster.nodes[fault.target].kill()
         self.killed.add(fault.target)
-        flipped = None
-        shard_dir = None if shard is None else self.cluster.shard_dir(fault.target, shard)
-        if shard_dir is not None and high_watermark:
-            flipped = flip_byte(shard_dir, high_watermark, fault.rng)
+        flipped, shard = None, drawn
+        for shard in shards:
+            shard_dir = self.cluster.shard_dir(fault.target, shard)
+            high_watermark = high_watermarks[shard]
+            if shard_dir is not None and high_watermark:
+                flipped = flip_byte(shard_dir, high_watermark, fault.rng)
+            if flipped is not None:
+                break
         if flipped is None:
-            self.log(f"    no record to flip (shard {shard}, high watermark {high_watermark})")
+            self.log(f"    no record to flip (high watermarks {high_watermarks})")
         else:
-            self.log(f"    flipped byte {flipped['position']} of {flipped['file']} "
-                     f"(seq {flipped['sequence']}, high watermark {high_watermark})")  # fmt: skip
+            self.log(
+                f"    flipped byte {flipped['position']} of {flipped['file']} (seq "
+                f"{flipped['sequence']}, high watermark {flipped['high_watermark']})"
+            )
         time.sleep(fault.hold_s)
         self._restart(fault.target)
-        return {**fault.detail, "flipped": flipped}
+        return {**fault.detail, "shard": shard, "flipped": flipped}
 
     def _partition_replicas(self, fault: Injection) -> None:
         """The target's connections to its peers and theirs to it are held; clients and
