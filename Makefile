@@ -39,12 +39,16 @@ chaos: $(STAMP) system-deps
 	$(PY) tests/chaos/driver.py --seconds $(CHAOS_SECONDS) --spark $(CHAOS_ARGS)
 
 # Jepsen-style runs on a 3-node cluster (tests/nemesis, docs/nemesis.md): writers of unique ids,
-# seeded faults, then a history checker; exit 1 if an acknowledged write was lost or an offset
-# holds two values. LOGHUB_SEED=... replays a schedule, NEMESIS_ARGS for more (--faults a,b).
+# seeded faults, then a history checker; exit 1 if an acknowledged write was lost, an offset
+# holds two values, or (replicated) a shard's replicas are not in sync and byte-identical after
+# healing. Three replicas of each shard by default (NEMESIS_REPLICATION_FACTOR=1: one copy,
+# moved by hand-overs). LOGHUB_SEED=... replays a schedule, NEMESIS_ARGS for more (--faults a,b).
 NEMESIS_RUNS ?= 100
 NEMESIS_SECONDS ?= 60
+NEMESIS_REPLICATION_FACTOR ?= 3
 nemesis: $(STAMP) system-deps
-	$(PY) tests/nemesis/run.py --runs $(NEMESIS_RUNS) --seconds $(NEMESIS_SECONDS) $(NEMESIS_ARGS)
+	$(PY) tests/nemesis/run.py --runs $(NEMESIS_RUNS) --seconds $(NEMESIS_SECONDS) \
+		--replication-factor $(NEMESIS_REPLICATION_FACTOR) $(NEMESIS_ARGS)
 
 # Every benchmark in benchmarks/ within BENCH_MINUTES (Redis and NATS beside LogHub, started
 # and stopped by the scripts), then BENCHMARKS.md with tables and charts from

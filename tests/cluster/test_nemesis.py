@@ -24,16 +24,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nemesis"))
 
 from clients import KEYS, LOGSTORE, PROJECT, read_everything  # noqa: E402
 from history import HistoryFile, Op, complete, read_history  # noqa: E402
-from nemesis_checker import check, check_handovers, format_report  # noqa: E402
+from nemesis import Proxies, flip_byte  # noqa: E402
+from nemesis_checker import (  # noqa: E402
+    check,
+    check_flips,
+    check_handovers,
+    check_replicas,
+    format_report,
+)
 from run import Options, run_once  # noqa: E402
+from segments import copy_difference, read_copy  # noqa: E402
 
+from loghub._clock import SystemClock  # noqa: E402
 from loghub.client import LogHubClient  # noqa: E402
 from loghub.errors import LogHubError  # noqa: E402
-from loghub.wire.logs import make_log_group  # noqa: E402
+from loghub.storage import ShardLog, StorageConfig  # noqa: E402
+from loghub.wire.logs import frame_log_group, make_log_group  # noqa: E402
 
 SHORT_RUN_S = 20.0
 SEED = 20261133  # fixed: its first three faults are one of each; LOGHUB_SEED replays another
 SHORT_RUN_FAULTS = ("kill_node", "pause_node", "kill_etcd_leader")
+SHORT_RUN_REPLICATION_FACTOR = 3
 
 
 def write(process: str, t: int, outcome: str, *values: str, client: str = "loghub") -> list[Op]:
@@ -151,6 +162,161 @@ def test_lost_writes_in_flight_during_a_hand_over_are_told_apart() -> None:
     assert report.lost_during_handover == ["near"]
 
 
+def _shard_log(path: Path, values: list[str]) -> None:
+    """A real shard log in ``path`` holding one record per value, then closed."""
+    log = ShardLog.open(path, StorageConfig(), SystemClock())
+    for i, value in enumerate(values):  # fixed times: two logs of the same values are equal
+        group = make_log_group([(1_700_000_000 + i, {"v": value})])
+        log.append(frame_log_group(group.SerializeToString()), 1_700_000_000_000 + i)
+    log.close()
+
+
+def test_a_flipped_byte_is_found_by_the_shard_log_and_a_copy_that_differs_is_described(
+    tmp_path: Path,
+) -> None:
+    """flip_byte damages an acknowledged record in the middle of a segment (not the last
+    one); the shard log finds it on open (a lost range); the copies then differ exactly
+    there."""
+    values = [f"v{i}" for i in range(12)]
+    _shard_log(tmp_path / "leader", values)
+    _shard_log(tmp_path / "follower", values)
+    reference = read_copy(tmp_path / "leader")
+    assert copy_difference(reference, read_copy(tmp_path / "follower")) is None
+    import random
+
+    flipped = flip_byte(tmp_path / "follower", 10, random.Random(3))
+    assert flipped is not None and 2 <= flipped["sequence"] <= 8
+    assert flipped["values"] == [f"v{flipped['sequence']}"]
+    difference = copy_difference(reference, read_copy(tmp_path / "follower"))
+    assert difference is not None
+    assert f"1 records differ, the first seq {flipped['sequence']}" in difference, difference
+    assert "in its payload" in difference
+    log = ShardLog.open(tmp_path / "follower", StorageConfig(), SystemClock())
+    try:
+        assert log.lost_ranges() == [(flipped["sequence"], flipped["sequence"] + 1)]
+        assert log.end_seq == len(values)
+    finally:
+        log.close()
+
+
+def test_replicas_that_differ_or_an_isr_that_never_filled_make_the_run_invalid(
+    tmp_path: Path,
+) -> None:
+    _shard_log(tmp_path / "a", ["x", "y", "z"])
+    _shard_log(tmp_path / "b", ["x", "y"])
+    same, shorter = read_copy(tmp_path / "a"), read_copy(tmp_path / "b")
+    report = check([], [])
+    check_replicas(report, {0: "n0"}, {0: {"n0": same, "n1": same, "n2": same}}, [], 0.5)
+    assert report.valid and report.replica_shards_identical == 1
+    report = check([], [])
+    copies = {0: {"n0": same, "n1": same, "n2": shorter}, 1: {"n0": same, "n1": None}}
+    check_replicas(report, {0: "n0", 1: "n1"}, copies, [], 0.5)
+    assert not report.valid and report.replica_shards_identical == 0
+    assert set(report.replica_differences) == {(0, "n2"), (1, "n0")}
+    assert "seq 2 only in the first" in report.replica_differences[(0, "n2")]
+    assert "n1 has no directory" in report.replica_differences[(1, "n0")]
+    assert "replicas byte-identical after healing: 0 of 2 shards" in format_report(report)
+    report = check([], [])
+    check_replicas(report, {0: "n0"}, {0: {"n0": same}}, ["shard 0: ISR ['n0']"], 30.0)
+    assert not report.valid
+    assert "ISR never full: shard 0" in format_report(report)
+
+
+def test_a_flipped_byte_must_be_found_by_its_node_and_its_values_stay_readable() -> None:
+    flipped = {"dir": "/d/node1/shards/nemesis/ids-x/3", "file": "/d/.../0.log",
+               "sequence": 10, "position": 900, "values": ["p-1", "p-2"]}  # fmt: skip
+    detail = {"node": "n1", "shard": 3, "flipped": flipped}
+    ops = [
+        Op("nemesis", "invoke", "flip_follower_byte", 5, detail={"node": "n1", "shard": 3}),
+        Op("nemesis", "ok", "flip_follower_byte", 6, detail=detail),
+        *write("p", 1, "ok", "p-1", "p-2"),
+    ]
+    found = "2026-11-27 16:11:01,376 loghub.storage shard log /d/node1/shards/nemesis/ids-x/3"
+    report = check(ops, [(3, 10, 0, "p-1"), (3, 10, 1, "p-2")])
+    check_replicas(report, {3: "n0"}, {3: {}}, [], 0.0)
+    check_flips(report, ops, {"n1": found + ": 1 records (10..10) lost to damage on disk"},
+                {"p-1", "p-2"})  # fmt: skip
+    assert (report.flips, report.flips_detected, report.flips_repaired) == (1, 1, 1)
+    report = check(ops, [(3, 10, 0, "p-1")])
+    report.replica_differences[(3, "n1")] = "shard 3: n1's copy differs"
+    check_flips(report, ops, {"n1": found + ": 1 records (11..11) lost to damage on disk"},
+                {"p-1"})  # fmt: skip
+    assert (report.flips_detected, report.flips_repaired) == (0, 0)
+    assert report.lost == ["p-2"]
+    text = "\n".join(report.flip_findings)
+    assert "not detected by the node: n1 shard 3 seq 10" in text
+    assert "unreadable after healing" in text and "['p-2']" in text
+    assert "not repaired: n1 shard 3 seq 10" in text
+
+
+_CONNECT = """
+import socket, sys, time
+sys.stdin.readline()
+started = time.monotonic()
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"node")
+s.settimeout(10)
+answer = s.recv(100).decode() or "closed"
+print(answer, round(time.monotonic() - started, 2), flush=True)
+"""
+
+
+def test_a_cut_by_source_holds_that_processs_connections_and_no_one_elses() -> None:
+    """partition_replicas' mechanism: one proxy per node, whose connections are told apart
+    by the process that opened them (a peer node, registered by PID), so a node can be cut
+    from its peers while clients still reach it through the same proxy. The source's bytes
+    are held, not dropped: they pass at the heal."""
+    import socket
+
+    upstream = socket.socket()
+    upstream.bind(("127.0.0.1", 0))
+    upstream.listen()
+    upstream.settimeout(0.2)
+    stop = threading.Event()
+
+    def echo() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = upstream.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.sendall(b"echo:" + conn.recv(100))
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+    proxies = Proxies({"n0": None})
+    node = subprocess.Popen([sys.executable, "-c", _CONNECT, str(proxies.ports["n0"])],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        proxies.set_upstream("n0", upstream.getsockname()[1], node.pid)
+        proxies.cut(["n0"], "both", sources=["n0"])
+        assert node.stdin is not None and node.stdout is not None
+        node.stdin.write("go\n")
+        node.stdin.flush()
+        time.sleep(0.5)
+        with socket.create_connection(("127.0.0.1", proxies.ports["n0"]), timeout=5) as client:
+            client.sendall(b"client")
+            assert client.recv(100) == b"echo:client"  # a client passes the cut
+        time.sleep(1.0)
+        assert node.poll() is None  # the node's request is still held
+        proxies.heal()
+        answer, waited = node.stdout.readline().split()
+        assert answer == "echo:node" and float(waited) >= 1.4
+        node.wait(timeout=10)
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+        for pipe in (node.stdin, node.stdout):
+            if pipe is not None:
+                pipe.close()
+        stop.set()
+        proxies.stop()
+        thread.join(timeout=5)
+        upstream.close()
+
+
 def test_history_files_merge_in_time_order_and_an_unfinished_op_reads_as_info(
     tmp_path: Path,
 ) -> None:
@@ -168,15 +334,18 @@ def test_history_files_merge_in_time_order_and_an_unfinished_op_reads_as_info(
 
 def test_short_nemesis_run_loses_no_acknowledged_write(tmp_path: Path) -> None:
     """20 s of node SIGKILLs and restarts, SIGSTOP past the node TTL and etcd leader kills,
-    on 3 etcd members and 3 nodes, with writers through both clients: after healing, every
-    acknowledged write is in the log and no position holds two values."""
+    on 3 etcd members and 3 nodes with three replicas of each shard, with writers through
+    both clients: after healing, every acknowledged write is in the log, no position holds
+    two values, every shard's ISR holds its three replicas and their copies are
+    byte-identical."""
     seed = int(os.environ.get("LOGHUB_SEED", SEED))
     lines: list[str] = []
     started = time.monotonic()
     result = run_once(
-        Options(seconds=SHORT_RUN_S, seed=seed, faults=SHORT_RUN_FAULTS, writers=1),
+        Options(seconds=SHORT_RUN_S, seed=seed, faults=SHORT_RUN_FAULTS, writers=1,
+                replication_factor=SHORT_RUN_REPLICATION_FACTOR),
         log=lines.append,
-    )
+    )  # fmt: skip
     text = "\n".join([*lines, format_report(result.report)])
     print(text)
     print(f"short nemesis run: {time.monotonic() - started:.1f} s wall")
@@ -185,6 +354,9 @@ def test_short_nemesis_run_loses_no_acknowledged_write(tmp_path: Path) -> None:
     assert report.ok > 100 and {"loghub", "sdk"} <= set(report.by_kind), text
     assert not report.lost, text
     assert not report.inconsistent, text
+    assert report.replicated and not report.isr_not_full, text
+    assert report.replica_shards == report.replica_shards_identical == 6, text
+    assert report.valid, text
     assert not result.crashes, text
 
 

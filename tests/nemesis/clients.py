@@ -29,6 +29,7 @@ import argparse
 import itertools
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -42,7 +43,7 @@ from aliyun.log import LogException  # noqa: E402
 from history import HistoryFile, Op, now_ns  # noqa: E402
 
 from loghub.client import LogHubClient  # noqa: E402
-from loghub.errors import LogHubError  # noqa: E402
+from loghub.errors import DataCorrupted, LogHubError  # noqa: E402
 from loghub.wire.cursor import decode_cursor  # noqa: E402
 from loghub.wire.logs import make_log_group  # noqa: E402
 
@@ -56,6 +57,7 @@ PAUSE_BETWEEN_OPS_S = (0.02, 0.06)  # four writers at about 20 ops/s each: room 
 READ_INTERVAL_S = 0.3
 PULL_GROUPS_MAX = 200
 FINAL_READ_BUDGET_S = 5.0
+_RESUME_AT = re.compile(r"resume at cursor (\S+)")
 
 _stopping = False
 # what the SDK's connection errors say, to tell them apart in the report
@@ -187,10 +189,21 @@ def pull_from(
 ) -> str:
     """Pulls ``shard`` from ``cursor`` to its end (or ``groups_max`` groups), adding what it
     saw to ``result``; returns the cursor after the last group read. Each group is one
-    sequence: a pull that moves the cursor by more than its groups is a gap, noted."""
+    sequence: a pull that moves the cursor by more than its groups is a gap, noted. Records
+    the serving node lost to damage on disk (``DataCorrupted``, 410) are a gap too: noted,
+    and the read resumes after them, so that only their values go missing."""
     read = 0
     while True:
-        reply = client.pull_logs(PROJECT, LOGSTORE, shard, cursor, PULL_GROUPS_MAX)
+        try:
+            reply = client.pull_logs(PROJECT, LOGSTORE, shard, cursor, PULL_GROUPS_MAX)
+        except DataCorrupted as exc:
+            resume = _RESUME_AT.search(str(exc))
+            if resume is None:
+                raise
+            result.gaps.append(f"shard {shard}: DataCorrupted from seq {decode_cursor(cursor)} "
+                               f"to {decode_cursor(resume[1])}: {exc}")  # fmt: skip
+            cursor = resume[1]
+            continue
         first = decode_cursor(cursor)
         groups = reply.log_groups
         for i, group in enumerate(groups):

@@ -20,6 +20,21 @@ Faults (``FAULTS``); "random" targets and durations come from the generator, "bu
     partition_etcd_oneway  the same, one way: its requests held, or etcd's answers held
     isolate_node           cut a node from etcd and from clients and peers, past the TTL
 
+With replication (``--replication-factor`` above 1) three more, drawn only then; their
+targets come from the shards' replica records in etcd (``loghub.cluster.replicas``):
+
+    kill_leader            SIGKILL a shard's leader (the node leading the most shards, or
+                           the leader of a random shard: the fault's generator picks), restart
+                           it after 1 s to TTL+3 s
+    flip_follower_byte     SIGKILL a follower of a random shard, flip one byte of the payload
+                           of an acknowledged record (below the shard's high watermark) in the
+                           middle of its copy, restart it: the node must find the damage, no
+                           acknowledged write may be lost, and the replicas are compared after
+                           healing
+    partition_replicas     cut a node from its peers only (both ways), past the replica lag
+                           bound: it still reaches etcd and clients, its followers cannot
+                           fetch from it and it cannot fetch from its leaders
+
 A torn tail is what a crash in the middle of a write leaves: a record whose last bytes never
 reached the disk. Cutting bytes off the last record as it is would tear a record that was
 acknowledged (the server fsyncs before it acknowledges), which no crash can do, so the
@@ -30,6 +45,7 @@ that recovery cut only those (no acknowledged write missing, no offset given two
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -54,10 +70,15 @@ from clients import KEYS, LOGSTORE, PROJECT  # noqa: E402
 from cluster_nodes import NODE_TTL_S, LogHubCluster  # noqa: E402
 from etcd import running_etcd  # noqa: E402
 from history import HistoryFile, Op, now_ns  # noqa: E402
+from segments import RECORD_HEADER, SEGMENT_HEADER, walk  # noqa: E402
 from server_process import ServerProcess  # noqa: E402
 
 from loghub.client import LogHubClient, ShardInfo  # noqa: E402
+from loghub.cluster.etcd_store import EtcdStore  # noqa: E402
+from loghub.cluster.replicas import ReplicaRecord, read_replica_records_at  # noqa: E402
 from loghub.errors import LogHubError  # noqa: E402
+from loghub.wire.cursor import decode_cursor  # noqa: E402
+from loghub.wire.logs import parse_log_group_list  # noqa: E402
 
 __all__ = ["FAULTS", "Nemesis", "ProxiedCluster", "Proxies", "proxied_cluster"]
 
@@ -70,14 +91,22 @@ FAULTS = (
     "partition_etcd",
     "partition_etcd_oneway",
     "isolate_node",
+    "kill_leader",
+    "flip_follower_byte",
+    "partition_replicas",
 )
+# faults that only mean something with replicated shards: drawn only when the run is
+REPLICATED_FAULTS = ("kill_leader", "flip_follower_byte", "partition_replicas")
 # faults that are a variant of another: the same action, another target or direction
-ACTIONS = {"kill_busiest": "_kill_node", "partition_etcd_oneway": "_partition_etcd"}
+ACTIONS = {
+    "kill_busiest": "_kill_node",
+    "kill_leader": "_kill_node",
+    "partition_etcd_oneway": "_partition_etcd",
+}
 GAP_BETWEEN_FAULTS_S = (1.0, 3.0)
-SEGMENT_HEADER = struct.Struct(">4sHHI")
-RECORD_HEADER = struct.Struct(">BBIQQII")
 TORN_BYTES_MAX = 64
 RESTARTS_MAX = 3
+REPLICA_LAG_S = 3.0  # the servers' --replica-lag-ms default: a follower leaves the ISR after
 
 
 class Proxies:
@@ -99,11 +128,17 @@ class Proxies:
         self.proc.stdin.flush()
         assert self.proc.stdout.readline().strip() == "ok", command
 
-    def set_upstream(self, name: str, port: int) -> None:
-        self._command(cmd="upstream", name=name, port=port)
+    def set_upstream(self, name: str, port: int, pid: int | None = None) -> None:
+        """``name`` forwards to ``port``; with ``pid``, that process is the source ``name``
+        (its connections to any proxy can be cut apart: ``cut(..., sources=[name])``)."""
+        self._command(cmd="upstream", name=name, port=port, pid=pid)
 
-    def cut(self, names: list[str], direction: str = "both") -> None:
-        self._command(cmd="cut", names=names, direction=direction)
+    def cut(
+        self, names: list[str], direction: str = "both", sources: list[str] | None = None
+    ) -> None:
+        """Holds the bytes through ``names``, of every connection, or only of those opened
+        by the processes of ``sources``."""
+        self._command(cmd="cut", names=names, direction=direction, sources=sources)
 
     def heal(self) -> None:
         self._command(cmd="heal")
@@ -136,7 +171,7 @@ class ProxiedCluster(LogHubCluster):
     def start_node(self, index: int) -> ServerProcess:
         node = super().start_node(index)
         assert self.proxies is not None
-        self.proxies.set_upstream(f"n{index}", node.port)
+        self.proxies.set_upstream(f"n{index}", node.port, node.pid)
         return node
 
     def endpoint(self, index: int) -> str:
@@ -150,6 +185,23 @@ class ProxiedCluster(LogHubCluster):
     def alive(self, index: int) -> bool:
         proc = self.nodes[index].proc
         return proc is not None and proc.poll() is None
+
+    def replica_records(self) -> dict[int, ReplicaRecord]:
+        """The logstore's replica records (shard id -> record), read from etcd directly
+        (not through the proxies, which may be cut); empty without replication."""
+
+        async def read() -> dict[int, ReplicaRecord]:
+            async with EtcdStore(self.etcd.url) as store:
+                found, _revision = await read_replica_records_at(store)
+            return {k[2]: r for k, r in found.items() if k[:2] == (PROJECT, LOGSTORE)}
+
+        return asyncio.run(read())
+
+    def shard_dir(self, index: int, shard_id: int) -> Path | None:
+        """Node ``index``'s directory of a shard of the logstore (None: it has none)."""
+        base = self.nodes[index].data_dir / "shards" / PROJECT
+        found = sorted(d for d in base.glob(f"{LOGSTORE}-*/{shard_id}") if d.is_dir())
+        return found[-1] if found else None
 
 
 @contextlib.contextmanager
@@ -211,6 +263,44 @@ def tear_tail(shard_dir: Path, rng: random.Random) -> dict[str, Any] | None:
             "file_bytes_before": len(data), "garbage_before": len(data) - position}  # fmt: skip
 
 
+def flip_byte(shard_dir: Path, below_seq: int, rng: random.Random) -> dict[str, Any] | None:
+    """Flips one byte (XOR 0xff) of the payload of a record below ``below_seq`` (the
+    shard's high watermark: an acknowledged record) in the middle of the newest segment of
+    ``shard_dir`` that holds such records (from the middle half of them): never its first
+    or last record, so that intact records surround the damage (damage in the middle, not a
+    torn tail). None when no segment has such a record. The file must not be open in a
+    running server."""
+    for path in sorted(shard_dir.glob("*.log"), reverse=True):
+        data = bytearray(path.read_bytes())
+        records, _end = walk(bytes(data))
+        # never the first or last record: intact records on both sides (damage in the middle)
+        eligible = [r for r in records[1:-1] if r.sequence < below_seq and r.end > r.payload_start]
+        if not eligible:
+            continue
+        record = eligible[rng.randrange(len(eligible) // 4, len(eligible) - len(eligible) // 4)]
+        values = _values(bytes(data[record.payload_start : record.end]))
+        position = rng.randrange(record.payload_start, record.end)
+        with open(path, "r+b") as file:
+            file.seek(position)
+            file.write(bytes([data[position] ^ 0xFF]))
+            file.flush()
+            os.fsync(file.fileno())
+        return {"dir": str(shard_dir), "file": str(path), "sequence": record.sequence,
+                "position": position, "record_position": record.position,
+                "records_in_file": len(records), "high_watermark": below_seq,
+                "values": values}  # fmt: skip
+    return None
+
+
+def _values(payload: bytes) -> list[str]:
+    """The ``v`` contents of a record's log group (a framed LogGroupList of one group)."""
+    try:
+        groups = parse_log_group_list(payload).LogGroups
+    except LogHubError:
+        return []
+    return [c.Value for g in groups for log in g.Logs for c in log.Contents if c.Key == "v"]
+
+
 @dataclass(frozen=True)
 class Injection:
     """One fault as drawn: what, on which node, for how long, and its own generator."""
@@ -254,15 +344,22 @@ class Nemesis:
 
     def inject(self, kind: str, target: int, hold_s: float, rng: random.Random) -> None:
         assert kind in FAULTS, kind
+        chosen: dict[str, Any] = {}
         if kind == "kill_busiest":
             target = self.busiest()
+        elif kind == "kill_leader":
+            target, chosen = self.leader_to_kill(target, rng)
+        elif kind == "flip_follower_byte":
+            target, chosen = self.follower_to_damage(target, rng)
         if kind in ("pause_node", "partition_etcd", "partition_etcd_oneway", "isolate_node"):
             hold_s = NODE_TTL_S + 1.0 + hold_s / 2  # past the TTL: the shards must move
+        if kind == "partition_replicas":
+            hold_s = REPLICA_LAG_S + 1.0 + hold_s / 2  # past the lag bound: the ISR shrinks
         if kind == "kill_etcd_leader":  # the target is the leader: a member, no ranges
             target = self.cluster.etcd.members.index(self.cluster.etcd.leader())
             detail: dict[str, Any] = {"node": f"e{target}", "hold_s": round(hold_s, 2)}
         else:
-            detail = {"node": f"n{target}", "hold_s": round(hold_s, 2)}
+            detail = {"node": f"n{target}", "hold_s": round(hold_s, 2), **chosen}
             detail["ranges"] = self.ranges_of(target)
         started = self.history.append(Op("nemesis", "invoke", kind, now_ns(), detail=detail))
         self.injected.append(kind)
@@ -276,6 +373,55 @@ class Nemesis:
         """The node holding the most writable shards now (the lowest index of a tie)."""
         counts = Counter(s.node for s in self.writable_shards())
         return max(range(len(self.cluster.nodes)), key=lambda i: (counts[f"n{i}"], -i))
+
+    def records(self) -> dict[int, ReplicaRecord]:
+        """The replica records, or none when etcd does not answer."""
+        try:
+            return self.cluster.replica_records()
+        except Exception as exc:  # noqa: BLE001 (a fault then falls back to its drawn target)
+            self.log(f"    replica records unreadable: {exc!r}")
+            return {}
+
+    def leader_to_kill(self, drawn: int, rng: random.Random) -> tuple[int, dict[str, Any]]:
+        """The node leading the most shards (lowest index of a tie), or the leader of a
+        random shard: ``rng`` picks which, by the replica records."""
+        mode = rng.choice(("most", "random_shard"))
+        records = self.records()
+        if not records:
+            return drawn, {"mode": mode, "records": "unreadable"}
+        if mode == "most":
+            counts = Counter(r.leader for r in records.values())
+            return max(range(len(self.cluster.nodes)), key=lambda i: (counts[f"n{i}"], -i)), {
+                "mode": mode
+            }
+        shard = rng.choice(sorted(records))
+        return _index(records[shard].leader), {"mode": mode, "shard": shard}
+
+    def follower_to_damage(self, drawn: int, rng: random.Random) -> tuple[int, dict[str, Any]]:
+        """A random shard with an in-sync follower, and one of those followers."""
+        records = self.records()
+        shards = sorted(s for s, r in records.items() if set(r.isr) - {r.leader})
+        if not shards:
+            return drawn, {"shard": None}
+        shard = rng.choice(shards)
+        record = records[shard]
+        follower = rng.choice(sorted(set(record.isr) - {record.leader}))
+        return _index(follower), {"shard": shard, "leader": record.leader,
+                                  "epoch": record.epoch}  # fmt: skip
+
+    def high_watermark(self, shard: int) -> int | None:
+        """The shard's high watermark (its ``end`` cursor), through the first node that
+        answers; None when none does."""
+        for index in range(len(self.cluster.nodes)):
+            if not self.cluster.alive(index) or index in self.paused:
+                continue
+            node = self.cluster.nodes[index]
+            try:
+                with LogHubClient(node.endpoint, *next(iter(KEYS.items())), timeout_s=2) as c:
+                    return decode_cursor(c.get_cursor(PROJECT, LOGSTORE, shard, "end"))
+            except LogHubError:
+                continue
+        return None
 
     def ranges_of(self, target: int) -> list[tuple[str, str]]:
         """The hash ranges of the writable shards ``target`` holds now (empty when no node
@@ -320,9 +466,54 @@ class Nemesis:
             torn = tear_tail(shard_dir, fault.rng)
             if torn is not None:
                 break
+        if torn is None:
+            self.log("    no record to tear (no shard of the node holds one yet)")
         time.sleep(fault.hold_s)
         self._restart(fault.target)
         return {**fault.detail, "torn": torn}
+
+    def _flip_follower_byte(self, fault: Injection) -> dict[str, Any]:
+        """The drawn shard first; when its copy holds too few acknowledged records (early in
+        a run), the other shards the target follows in sync, in an order of the fault's
+        generator."""
+        drawn = fault.detail.get("shard")
+        me = f"n{fault.target}"
+        others = sorted(s for s, r in self.records().items()
+                        if s != drawn and r.leader != me and me in r.isr)  # fmt: skip
+        fault.rng.shuffle(others)
+        shards = ([] if drawn is None else [drawn]) + others
+        high_watermarks = {shard: self.high_watermark(shard) for shard in shards}
+        self.cluster.nodes[fault.target].kill()
+        self.killed.add(fault.target)
+        flipped, shard = None, drawn
+        for shard in shards:
+            shard_dir = self.cluster.shard_dir(fault.target, shard)
+            high_watermark = high_watermarks[shard]
+            if shard_dir is not None and high_watermark:
+                flipped = flip_byte(shard_dir, high_watermark, fault.rng)
+            if flipped is not None:
+                break
+        if flipped is None:
+            self.log(f"    no record to flip (high watermarks {high_watermarks})")
+        else:
+            self.log(
+                f"    flipped byte {flipped['position']} of {flipped['file']} (seq "
+                f"{flipped['sequence']}, high watermark {flipped['high_watermark']})"
+            )
+        time.sleep(fault.hold_s)
+        self._restart(fault.target)
+        return {**fault.detail, "shard": shard, "flipped": flipped}
+
+    def _partition_replicas(self, fault: Injection) -> None:
+        """The target's connections to its peers and theirs to it are held; clients and
+        etcd still reach everyone (one proxy per node, cut per source process)."""
+        assert self.cluster.proxies is not None
+        me = f"n{fault.target}"
+        peers = [f"n{i}" for i in range(len(self.cluster.nodes)) if i != fault.target]
+        self.cluster.proxies.cut([me], "both", sources=peers)
+        self.cluster.proxies.cut(peers, "both", sources=[me])
+        time.sleep(fault.hold_s)
+        self.cluster.proxies.heal()
 
     def _pause_node(self, fault: Injection) -> None:
         pid = self.cluster.nodes[fault.target].pid
@@ -400,3 +591,7 @@ class Nemesis:
 
 def _newest_mtime_ns(shard_dir: Path) -> int:
     return max((p.stat().st_mtime_ns for p in shard_dir.glob("*.log")), default=0)
+
+
+def _index(node_id: str) -> int:
+    return int(node_id.removeprefix("n"))

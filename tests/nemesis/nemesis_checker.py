@@ -26,10 +26,18 @@ Inputs are plain: the merged history (history.py) and the observations of the fi
   write invoked after it (any range, and in the hash ranges the victim held), and the
   longest stretch without an acknowledged write in those ranges until the fault was lifted
   and a few seconds more.
+- **replicas** (replicated runs): after healing, every shard's ISR must hold all its
+  replicas, and every replica's segment files must be byte-identical to the leader's (the
+  writers have stopped, so the high watermark is the log end). An ISR that never fills, or a
+  copy that differs, makes the run invalid.
+- **flipped bytes**: each byte the nemesis flipped in a follower's copy must be found by
+  that node (its log names the records lost to damage); the replica comparison says whether
+  the copy was repaired.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -38,12 +46,16 @@ from datetime import datetime
 from typing import Any
 
 from history import Op, complete
+from segments import Copy, copy_difference
 
 __all__ = [
+    "LEADER_LOSS_FAULTS",
     "FailoverFigure",
     "Report",
     "check",
+    "check_flips",
     "check_handovers",
+    "check_replicas",
     "check_torn_tails",
     "format_report",
     "percentile",
@@ -51,6 +63,19 @@ __all__ = [
 
 Position = tuple[int, int, int]
 Observation = tuple[int, int, int, str]
+# faults after which the victim's leaderships answer nothing until they are elected elsewhere
+# (it is killed, paused or cut from everyone): their "fault -> first ack in the victim's
+# ranges" is a failover time. Not a cut from etcd alone: the victim goes on acknowledging
+# until its lease ends, so the first ack there says nothing of the election
+LEADER_LOSS_FAULTS = (
+    "kill_node",
+    "kill_busiest",
+    "kill_leader",
+    "pause_node",
+    "torn_tail",
+    "flip_follower_byte",
+    "isolate_node",
+)
 AFTER_LIFT_NS = 5_000_000_000  # the failover window runs this long past the fault's end
 EXAMPLES_MAX = 10
 
@@ -92,12 +117,29 @@ class Report:
     unreadable_after_heal: list[str] = field(default_factory=list)  # "n0: shard 24: ..."
     torn_tails_cut_right: int = 0
     torn_tails_wrong: list[str] = field(default_factory=list)
+    # replicated runs: the replica comparison after healing (check_replicas)
+    replicated: bool = False
+    replica_shards: int = 0
+    replica_shards_identical: int = 0
+    replica_differences: dict[tuple[int, str], str] = field(default_factory=dict)
+    isr_not_full: list[str] = field(default_factory=list)
+    replica_wait_s: float = 0.0
+    flips: int = 0
+    flips_detected: int = 0
+    flips_repaired: int = 0
+    flip_findings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
-        """No acknowledged write lost and no position with two values."""
-        return not self.lost and not self.inconsistent
+        """No acknowledged write lost, no position with two values and, replicated, every
+        shard's ISR full and its replicas byte-identical after healing."""
+        return (
+            not self.lost
+            and not self.inconsistent
+            and not self.replica_differences
+            and not self.isr_not_full
+        )
 
     def summary(self) -> dict[str, Any]:
         in_ranges = [f.first_ack_in_ranges_s for f in self.failover]
@@ -125,10 +167,27 @@ class Report:
                 "n": len(in_ranges), "never": len(in_ranges) - len(known),
                 "p50": percentile(known, 50), "max": percentile(known, 100),
             },
+            "leader_loss_failover_s": leader_loss_failover(self.failover),
             "longest_ack_gap_s": round(self.longest_ack_gap_s, 2),
             "torn_tails": {"cut_right": self.torn_tails_cut_right,
                            "wrong": len(self.torn_tails_wrong)},
+            **({"replicas": {"shards": self.replica_shards,
+                             "identical": self.replica_shards_identical,
+                             "differing_copies": len(self.replica_differences),
+                             "isr_not_full": len(self.isr_not_full)},
+                "flipped_bytes": {"n": self.flips, "detected": self.flips_detected,
+                                  "repaired": self.flips_repaired}}
+               if self.replicated else {}),
         }  # fmt: skip
+
+
+def leader_loss_failover(figures: list[FailoverFigure]) -> dict[str, Any]:
+    """Fault to the first acknowledged write in the victim's ranges, over the faults that
+    took leaderships away (LEADER_LOSS_FAULTS) from a victim that led a writable shard."""
+    times = [f.first_ack_in_ranges_s for f in figures if f.fault in LEADER_LOSS_FAULTS]
+    known = [t for t in times if t is not None]
+    return {"n": len(times), "never": len(times) - len(known), "p50": percentile(known, 50),
+            "p99": percentile(known, 99), "max": percentile(known, 100)}  # fmt: skip
 
 
 def percentile(values: list[float], pct: float) -> float | None:
@@ -314,6 +373,84 @@ def check_torn_tails(report: Report, ops: list[Op], server_logs: dict[str, str])
                                            f"the server logged {cuts or 'no cut'}")  # fmt: skip
 
 
+def check_replicas(
+    report: Report,
+    leaders: dict[int, str],
+    copies: dict[int, dict[str, Copy | None]],
+    isr_not_full: list[str],
+    waited_s: float,
+) -> None:
+    """The replicas after healing: ``copies[shard][node]`` is the node's copy of the shard
+    (its segment files in name order; None when it has no directory for it), compared with
+    the leader's; ``isr_not_full`` names the shards whose ISR did not fill in time."""
+    report.replicated = True
+    report.replica_wait_s = waited_s
+    report.isr_not_full = list(isr_not_full)
+    for shard, by_node in sorted(copies.items()):
+        report.replica_shards += 1
+        leader = leaders[shard]
+        reference = by_node.get(leader)
+        identical = True
+        for node, copy in sorted(by_node.items()):
+            if node == leader:
+                continue
+            if reference is None or copy is None:
+                missing = leader if reference is None else node
+                difference: str | None = f"{missing} has no directory for the shard"
+            else:
+                difference = copy_difference(reference, copy)
+            if difference is not None:
+                identical = False
+                report.replica_differences[(shard, node)] = (
+                    f"shard {shard}: {node}'s copy differs from leader {leader}'s: {difference}"
+                )
+        report.replica_shards_identical += identical
+
+
+def check_flips(
+    report: Report, ops: list[Op], server_logs: dict[str, str], final_values: set[str]
+) -> None:
+    """Each flipped byte: found by its node (the server logs ``shard log <dir>: N records
+    (a..b) lost to damage on disk`` with the record's sequence in a..b, on open or when a
+    read meets it), its record's values readable after healing, its copy repaired (identical
+    to the leader's after healing: check_replicas ran first)."""
+    acked = {v for invoke, done in complete(ops) if done.type == "ok" for v in invoke.values}
+    for op in ops:
+        if op.process != "nemesis" or op.type != "ok" or op.f != "flip_follower_byte":
+            continue
+        flipped = op.detail.get("flipped")
+        if not flipped:
+            continue
+        report.flips += 1
+        node, sequence = str(op.detail.get("node")), int(flipped["sequence"])
+        shard = int(op.detail["shard"])
+        what = f"{node} shard {shard} seq {sequence} ({flipped['file']} byte {flipped['position']})"
+        found = False
+        for line in server_logs.get(node, "").splitlines():
+            if f"{flipped['dir']}: " not in line or "lost to damage" not in line:
+                continue
+            match = _LOST_RANGE.search(line)
+            if match and int(match[1]) <= sequence <= int(match[2]):
+                found = True
+        report.flips_detected += found
+        if not found:
+            report.flip_findings.append(f"not detected by the node: {what}")
+        values = list(flipped.get("values") or [])
+        missing = [v for v in values if v not in final_values]
+        if missing:
+            report.flip_findings.append(
+                f"values of the damaged record unreadable after healing: {what}: {missing} "
+                f"(acknowledged: {[v for v in missing if v in acked]})"
+            )
+        if (shard, node) in report.replica_differences:
+            report.flip_findings.append(f"not repaired: {what}")
+        elif report.replicated and not report.isr_not_full:
+            report.flips_repaired += 1
+
+
+_LOST_RANGE = re.compile(r"records \((\d+)\.\.(\d+)\) lost to damage")
+
+
 def _runs(errors: list[str]) -> str:
     """``a, a, a, b`` as ``a x3 then b``."""
     parts: list[tuple[str, int]] = []
@@ -384,6 +521,17 @@ def format_report(report: Report) -> str:
         f"elsewhere: {len(report.torn_tails_wrong)}",
         *[f"    {wrong}" for wrong in report.torn_tails_wrong],
     ]  # fmt: skip
+    if report.replicated:
+        lines += [
+            f"  replicas byte-identical after healing: {report.replica_shards_identical} of "
+            f"{report.replica_shards} shards (ISR waited {report.replica_wait_s:.1f} s)",
+            *[f"    ISR never full: {what}" for what in report.isr_not_full],
+            *[f"    {what}" for what in report.replica_differences.values()],
+        ]
+        if report.flips:
+            lines.append(f"  flipped bytes: {report.flips}, found by the node "
+                         f"{report.flips_detected}, repaired {report.flips_repaired}")  # fmt: skip
+            lines += [f"    {finding}" for finding in report.flip_findings]
     if report.failover:
         lines.append("  failover (fault -> first ack; in the victim's ranges; longest gap there):")
     for figure in report.failover:
@@ -391,6 +539,13 @@ def format_report(report: Report) -> str:
             f"    {figure.fault:<18} {figure.node:<4} at {figure.started_s:9.2f}: "
             f"{_seconds(figure.first_ack_s)}; {_seconds(figure.first_ack_in_ranges_s)}; "
             f"{_seconds(figure.longest_gap_in_ranges_s)}"
+        )
+    if any(f.fault in LEADER_LOSS_FAULTS for f in report.failover):
+        figures = leader_loss_failover(report.failover)
+        lines.append(
+            f"  failover after a leader's loss ({figures['n']} faults, {figures['never']} "
+            f"never): p50 {_seconds(figures['p50'])}, p99 {_seconds(figures['p99'])}, "
+            f"max {_seconds(figures['max'])}"
         )
     lines += [f"  note: {note}" for note in report.notes]
     return "\n".join(lines)

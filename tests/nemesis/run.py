@@ -38,20 +38,28 @@ sys.path.insert(0, str(_HERE))
 
 from clients import KEYS, LOGSTORE, PROJECT, read_everything  # noqa: E402
 from history import HistoryFile, Op, now_ns, read_history  # noqa: E402
-from nemesis import FAULTS, Nemesis, ProxiedCluster, proxied_cluster  # noqa: E402
+from nemesis import FAULTS, REPLICATED_FAULTS, Nemesis, ProxiedCluster, proxied_cluster  # noqa: E402
 from nemesis_checker import (  # noqa: E402
     Report,
     check,
+    check_flips,
     check_handovers,
+    check_replicas,
     check_torn_tails,
     format_report,
+    leader_loss_failover,
     percentile,
 )
+from segments import Copy, copy_difference, read_copy  # noqa: E402
 
 from loghub.client import LogHubClient  # noqa: E402
 
 SHARDS = 6
 WRITER_STOP_S = 20.0  # an SDK op retries for up to ~40 s; past this it is left info
+# after healing, how long every shard's ISR may take to hold all its replicas, then how long
+# the copies may take to become identical (an ISR member may be a fetch behind)
+REPLICA_ISR_WAIT_S = 30.0
+REPLICA_COPY_WAIT_S = 10.0
 
 
 @dataclass
@@ -134,7 +142,9 @@ def run_once(options: Options, log: Callable[[str], None] = print) -> RunResult:
     if not result.report.valid or options.keep is not None:
         kept = options.keep or Path(tempfile.gettempdir()) / f"loghub-nemesis-kept-{options.seed}"
         shutil.rmtree(kept, ignore_errors=True)
-        shutil.copytree(base, kept, ignore=_segment_files)
+        # replicas that differ: their files are the evidence, kept whole
+        shutil.copytree(base, kept, ignore=None if result.report.replica_differences
+                        else _segment_files)  # fmt: skip
         result.kept = kept
     shutil.rmtree(base, ignore_errors=True)
     return result
@@ -142,6 +152,8 @@ def run_once(options: Options, log: Callable[[str], None] = print) -> RunResult:
 
 def _run(options: Options, base: Path, log: Callable[[str], None]) -> RunResult:
     (base / "cluster").mkdir()
+    replicated = options.replication_factor > 1
+    faults = tuple(f for f in options.faults if replicated or f not in REPLICATED_FAULTS)
     extra = ("--replication-factor", str(options.replication_factor))
     with proxied_cluster(base / "cluster", extra_args=extra) as cluster:
         with LogHubClient(cluster.nodes[0].endpoint, *next(iter(KEYS.items()))) as client:
@@ -152,7 +164,7 @@ def _run(options: Options, base: Path, log: Callable[[str], None]) -> RunResult:
             # the two clocks side by side: server logs are in wall-clock time
             history.append(Op("nemesis", "info", "clock", now_ns(),
                               detail={"wall_ns": time.time_ns()}))  # fmt: skip
-            nemesis = Nemesis(cluster, random.Random(options.seed), options.faults, history, log)
+            nemesis = Nemesis(cluster, random.Random(options.seed), faults, history, log)
             procs = _start_clients(cluster, options, base)
             try:
                 nemesis.run(now_ns() + int(options.seconds * 1e9))
@@ -161,6 +173,7 @@ def _run(options: Options, base: Path, log: Callable[[str], None]) -> RunResult:
             finally:
                 _stop_clients(procs)
         finals = [read_everything(node.endpoint) for node in cluster.nodes]
+        replicas = _settled_replicas(cluster, log) if replicated else None
         server_logs = {f"n{i}": node.log_path.read_text(errors="replace")
                        for i, node in enumerate(cluster.nodes)}  # fmt: skip
     for index, final in enumerate(finals):  # kept with the histories, for a diagnosis
@@ -169,6 +182,10 @@ def _run(options: Options, base: Path, log: Callable[[str], None]) -> RunResult:
     report = check(ops, [o for final in finals for o in final.observations])
     check_torn_tails(report, ops, server_logs)
     check_handovers(report, ops, server_logs)
+    if replicas is not None:
+        check_replicas(report, *replicas)
+        final_values = {o[3] for final in finals for o in final.observations}
+        check_flips(report, ops, server_logs, final_values)
     for index, final in enumerate(finals):
         report.unreadable_after_heal += [f"through n{index}: shard {s}: {e}"
                                          for s, e in final.unreadable.items()]  # fmt: skip
@@ -179,6 +196,56 @@ def _run(options: Options, base: Path, log: Callable[[str], None]) -> RunResult:
     report.notes += [f"{node} refused to start while its old lease lived; started again after "
                      "the TTL" for node in nemesis.restarts_refused]  # fmt: skip
     return RunResult(options.seed, report, nemesis.injected, nemesis.crashes)
+
+
+def _settled_replicas(
+    cluster: ProxiedCluster, log: Callable[[str], None]
+) -> tuple[dict[int, str], dict[int, dict[str, Copy | None]], list[str], float]:
+    """After healing, with the writers stopped: waits (REPLICA_ISR_WAIT_S at most) until
+    every shard's ISR holds all its replicas, then (REPLICA_COPY_WAIT_S at most) until each
+    shard's copies are byte-identical; returns check_replicas' arguments: the leaders, every
+    replica's copy of every shard, the shards whose ISR stayed short, the seconds waited."""
+    started = time.monotonic()
+    records = {}
+    error = ""
+    while True:
+        try:
+            records, error = cluster.replica_records(), ""
+        except Exception as exc:  # noqa: BLE001 (etcd should answer; if not, that is the finding)
+            records, error = {}, repr(exc)
+        short = [r for r in records.values() if set(r.isr) != set(r.replicas)]
+        if (records and not short) or time.monotonic() - started > REPLICA_ISR_WAIT_S:
+            break
+        time.sleep(0.2)
+    waited = time.monotonic() - started
+    isr_not_full = [f"shard {r.shard_id}: replicas {list(r.replicas)}, ISR {list(r.isr)}, "
+                    f"leader {r.leader} in epoch {r.epoch}" for r in short]  # fmt: skip
+    if not records:
+        isr_not_full.append(f"no replica record readable {error}".strip())
+    deadline = time.monotonic() + REPLICA_COPY_WAIT_S
+    while True:
+        copies: dict[int, dict[str, Copy | None]] = {}
+        for shard, record in sorted(records.items()):
+            copies[shard] = {}
+            for node in record.replicas:
+                shard_dir = cluster.shard_dir(int(node.removeprefix("n")), shard)
+                copies[shard][node] = None if shard_dir is None else read_copy(shard_dir)
+        if all(_identical(by_node) for by_node in copies.values()):
+            break
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    log(f"  replicas: ISR full after {waited:.1f} s" if not isr_not_full else
+        f"  replicas: ISR not full after {waited:.1f} s")  # fmt: skip
+    return {s: r.leader for s, r in records.items()}, copies, isr_not_full, waited
+
+
+def _identical(by_node: dict[str, Copy | None]) -> bool:
+    present = list(by_node.values())
+    if any(copy is None for copy in present):
+        return False
+    first = present[0]
+    return all(copy_difference(first, copy) is None for copy in present[1:])  # type: ignore[arg-type]
 
 
 def _segment_files(directory: str, names: list[str]) -> set[str]:
@@ -204,6 +271,7 @@ def _by_fault(results: list[RunResult]) -> dict[str, dict[str, float | int | Non
 def total(results: list[RunResult]) -> dict[str, object]:
     figures = [f.first_ack_in_ranges_s for r in results for f in r.report.failover]
     known = [f for f in figures if f is not None]
+    replicated = [r for r in results if r.report.replicated]
     duplicates: dict[str, int] = {}
     for result in results:
         for kind, values in result.report.duplicates.items():
@@ -224,6 +292,19 @@ def total(results: list[RunResult]) -> dict[str, object]:
         "failover_in_ranges_s": {"n": len(figures), "never": len(figures) - len(known),
                                  "p50": percentile(known, 50), "max": percentile(known, 100)},
         "failover_in_ranges_by_fault_s": _by_fault(results),
+        "leader_loss_failover_s": leader_loss_failover(
+            [f for r in results for f in r.report.failover]),
+        **({"replicas": {
+                "shards": sum(r.report.replica_shards for r in replicated),
+                "identical": sum(r.report.replica_shards_identical for r in replicated),
+                "differing_copies": sum(len(r.report.replica_differences) for r in replicated),
+                "isr_not_full": sum(len(r.report.isr_not_full) for r in replicated),
+                "runs_all_identical": sum(not r.report.replica_differences
+                                          and not r.report.isr_not_full for r in replicated)},
+            "flipped_bytes": {"n": sum(r.report.flips for r in replicated),
+                              "detected": sum(r.report.flips_detected for r in replicated),
+                              "repaired": sum(r.report.flips_repaired for r in replicated)}}
+           if replicated else {}),
         "node_crashes": sum(len(r.crashes) for r in results),
     }  # fmt: skip
 
@@ -259,7 +340,15 @@ def main(argv: list[str] | None = None) -> int:
         kept = f", histories kept in {result.kept}" if result.kept else ""
         print(f"  run {run + 1}/{args.runs} seed {result.seed}: {result.wall_s:.0f} s wall{kept}",
               flush=True)  # fmt: skip
-    print(f"total: {total(results)}", flush=True)
+    totals = total(results)
+    print(f"total: {totals}", flush=True)
+    figures = totals["leader_loss_failover_s"]
+    print(f"failover after a leader's loss (fault -> first ack in its ranges), over "
+          f"{figures['n']} faults ({figures['never']} never): p50 {figures['p50']} s, "
+          f"p99 {figures['p99']} s, max {figures['max']} s", flush=True)  # fmt: skip
+    if "replicas" in totals:
+        print(f"replicas byte-identical after healing: {totals['replicas']}; "
+              f"flipped bytes: {totals['flipped_bytes']}", flush=True)  # fmt: skip
     return 0 if all(r.report.valid for r in results) else 1
 
 
