@@ -466,6 +466,46 @@ def test_a_consumer_group_reads_through_a_leader_failover(
              "the killed node back in sync")  # fmt: skip
 
 
+def test_a_follower_copy_damaged_on_disk_is_copied_again_from_the_leader(
+    cluster: LogHubCluster,
+) -> None:
+    """A byte flipped in an acknowledged record of a follower's segment (the node stopped,
+    the file changed, the node started): the follower finds the damage, cuts its log there
+    and copies the rest again, so its copy equals the leader's and reads of it, once it
+    leads, return every record."""
+    import random
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nemesis"))
+    from nemesis import flip_byte
+
+    client(cluster, 0).create_logstore(PROJECT, "flipped", shard_count=1)
+    wait_for(lambda: len(records(cluster, "flipped")) == 1, what="replica record")
+    wait_for(lambda: all(alive(cluster, i) for i in range(3)), what="three nodes")
+    wait_for(lambda: len(records(cluster, "flipped")[0].isr) == 3, 30, "ISR")
+    for n in range(20):
+        put(client(cluster, 0), "flipped", f"f{n}", 0)
+    record = records(cluster, "flipped")[0]
+    follower = index_of(next(r for r in record.replicas if r != record.leader))
+    cluster.nodes[follower].kill()
+    shard_dir = next((cluster.nodes[follower].data_dir / "shards" / PROJECT).glob("flipped-*/0"))
+    assert flip_byte(shard_dir, 20, random.Random(1)) is not None
+    cluster.start_node(follower)
+    wait_for(lambda: identical_everywhere(cluster, "flipped", 0), 30, "the copy repaired")
+    assert "lost to damage" in cluster.nodes[follower].log_path.read_text()
+    # the repaired copy leads: every record reads back
+    others = [f"n{i}" for i in range(3) if i != follower]
+    try:
+        for node_id in others:
+            assert _loghub_cli(cluster, "node", "drain", node_id).returncode == 0
+        wait_for(lambda: records(cluster, "flipped")[0].leader == f"n{follower}", 30, "move")
+        for index in range(3):
+            assert read_values(client(cluster, index), "flipped", 0) == [f"f{n}" for n in range(20)]
+    finally:
+        for node_id in others:
+            _loghub_cli(cluster, "node", "undrain", node_id)
+
+
 def test_a_reassignment_moves_a_shard_to_another_node_with_no_write_refused(
     cluster: LogHubCluster,
 ) -> None:

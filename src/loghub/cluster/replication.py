@@ -493,6 +493,7 @@ class ReplicaManager:
                 try:
                     await self._check_isr(key, leading)
                     await self._complete_reassignment(leading)
+                    await self._move_if_damaged(key, leading)
                     await self._move_if_wanted(key, leading)
                 except (ControlPlaneError, LogHubError) as exc:
                     log.warning("%s: ISR or leadership change failed: %s", key, exc)
@@ -556,6 +557,18 @@ class ReplicaManager:
             if progress is not None and _now_ms() - progress.caught_up_ms <= 500:
                 return preferred
         return None
+
+    async def _move_if_damaged(self, key: ShardKey, leading: _Leading) -> None:
+        """A leader whose copy lost records to a damaged disk hands the shard to an in-sync
+        replica, then repairs its copy as a follower (``_follow``); alone in the ISR, it
+        keeps the shard (the records are lost; reads skip them with DataCorrupted)."""
+        if leading.deposed or _first_damage(leading.shard_log) is None:
+            return
+        successor = self._successor(leading, leaving=True)
+        if successor is not None:
+            log.warning("%s: this copy lost records to damage; handing the shard to %s",
+                        key, successor)  # fmt: skip
+            await self.hand_over(key, successor)
 
     async def _move_if_wanted(self, key: ShardKey, leading: _Leading) -> None:
         successor = self._successor(leading)
@@ -625,6 +638,17 @@ class ReplicaManager:
             try:
                 if shard_log is None:
                     shard_log = await asyncio.to_thread(self._logs.replica_log, *key)
+                damaged = _first_damage(shard_log)
+                if damaged is not None:
+                    # records this copy lost to a damaged disk: cut the log there and fetch
+                    # them (and what follows) again from the leader, as Kafka's recovery
+                    # truncates at the first corrupt batch
+                    log.warning(
+                        "%s: records from %d were lost to damage; cutting there and copying "
+                        "them again from %s", key, damaged, record.leader,
+                    )  # fmt: skip
+                    await _uncancellable(shard_log.truncate_to, damaged)
+                    continue
                 node = self._nodes().get(record.leader)
                 if node is None:
                     raise ServerBusy(f"leader {record.leader} is not alive")
@@ -655,6 +679,14 @@ class ReplicaManager:
                 log.debug("%s: fetch from %s failed: %s", key, record.leader, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(0.5, backoff * 2)
+
+
+def _first_damage(shard_log: ShardLog) -> int | None:
+    """Where the first range lost to damage begins, if below the log end."""
+    lost = shard_log.lost_ranges()
+    if lost and lost[0][0] < shard_log.end_seq:
+        return lost[0][0]
+    return None
 
 
 def _key_of(key: ShardKey) -> str:
