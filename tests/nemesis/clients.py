@@ -46,6 +46,7 @@ from loghub.client import LogHubClient  # noqa: E402
 from loghub.errors import DataCorrupted, LogHubError  # noqa: E402
 from loghub.wire.cursor import decode_cursor  # noqa: E402
 from loghub.wire.logs import make_log_group  # noqa: E402
+from loghub.wire.producer_ids import ProducerIds, WriteId  # noqa: E402
 
 __all__ = ["KEYS", "LOGSTORE", "PROJECT", "ReadResult", "read_everything"]
 
@@ -55,6 +56,7 @@ KEYS = {"ak": "sk"}
 OP_TIMEOUT_S = 3.0  # a node paused or cut off answers nothing: the op is then indeterminate
 PAUSE_BETWEEN_OPS_S = (0.02, 0.06)  # four writers at about 20 ops/s each: room on 2 cores
 READ_INTERVAL_S = 0.3
+RETRIES_MAX = 5  # sends of one LogHub write whose outcome stayed unknown
 PULL_GROUPS_MAX = 200
 FINAL_READ_BUDGET_S = 5.0
 _RESUME_AT = re.compile(r"resume at cursor (\S+)")
@@ -70,16 +72,18 @@ def _stop(_signum: int, _frame: FrameType | None) -> None:
     _stopping = True
 
 
-Put = Callable[[list[str], str, list[str]], None]
+Put = Callable[[list[str], str, list[str], WriteId | None], None]
 
 
 def _put_loghub(endpoint: str) -> Put:
     client = LogHubClient(endpoint, *next(iter(KEYS.items())), timeout_s=OP_TIMEOUT_S)
 
-    def put(values: list[str], hash_key: str, retried_after: list[str]) -> None:
+    def put(
+        values: list[str], hash_key: str, retried_after: list[str], write_id: WriteId | None
+    ) -> None:
         del retried_after  # LogHub's client does not retry a write by itself
         group = make_log_group([(int(time.time()), {"v": value}) for value in values])
-        client.put_log_group(PROJECT, LOGSTORE, group, hash_key=hash_key)
+        client.put_log_group(PROJECT, LOGSTORE, group, hash_key=hash_key, write_id=write_id)
 
     return put
 
@@ -103,7 +107,10 @@ def _put_sdk(endpoint: str) -> Put:
 
     client._sendRequest = noted  # type: ignore[attr-defined]
 
-    def put(values: list[str], hash_key: str, retried_after: list[str]) -> None:
+    def put(
+        values: list[str], hash_key: str, retried_after: list[str], write_id: WriteId | None
+    ) -> None:
+        del write_id  # the official SDK has no write ids
         attempts.clear()
         # one process, one op at a time: the environment is this op's to set
         os.environ["HTTP_PROXY"] = os.environ["http_proxy"] = f"http://{endpoint}"
@@ -147,28 +154,44 @@ def run_writer(
     rng = random.Random(f"{seed}-{process}")
     make = _put_loghub if kind == "loghub" else _put_sdk
     puts = [make(endpoint) for endpoint in endpoints]
+    # LogHub's client names each write (idempotent writes): a write whose outcome is unknown
+    # is sent again, under the same id, as the next op (through another node), up to
+    # RETRIES_MAX times, so that its values must be stored exactly once
+    ids = ProducerIds(f"{process}-{seed}".replace(".", "-")[:32]) if kind == "loghub" else None
     n = 0
     avoid = -1
+    pending: tuple[list[str], str, WriteId] | None = None
+    retries = 0
     while not _stopping:
         node = rng.choice([i for i in range(len(endpoints)) if i != avoid])
-        values = [f"{process}-{n + i}" for i in range(rng.randint(1, 3))]
-        n += len(values)
-        hash_key = f"{rng.getrandbits(128):032x}"
+        write_id: WriteId | None = None
+        if pending is not None:
+            values, hash_key, write_id = pending
+        else:
+            values = [f"{process}-{n + i}" for i in range(rng.randint(1, 3))]
+            n += len(values)
+            hash_key = f"{rng.getrandbits(128):032x}"
+            write_id = ids.next() if ids is not None else None
         invoke = Op(process, "invoke", "write", now_ns(), tuple(values), kind, f"n{node}", hash_key)
         history.append(invoke)
         retried: list[str] = []
         try:
-            puts[node](values, hash_key, retried)
+            puts[node](values, hash_key, retried, write_id)
         except Exception as exc:  # any failure is recorded, never raised: the run goes on
             outcome, text = classify(exc)
             history.append(Op(process, outcome, "write", now_ns(), invoke.values, kind,  # type: ignore[arg-type]
                               invoke.node, hash_key, error=text,
                               detail={"retried_after": retried} if retried else {}))  # fmt: skip
             avoid = node
+            if write_id is not None and outcome == "info" and retries < RETRIES_MAX:
+                pending, retries = (values, hash_key, write_id), retries + 1
+            else:
+                pending, retries = None, 0
             continue
         noted = {"retried_after": retried} if retried else {}
         history.append(Op(process, "ok", "write", now_ns(), invoke.values, kind, invoke.node,
                           hash_key, detail=noted))  # fmt: skip
+        pending, retries = None, 0
         avoid = -1
         time.sleep(rng.uniform(*PAUSE_BETWEEN_OPS_S))
 

@@ -10,8 +10,9 @@ Inputs are plain: the merged history (history.py) and the observations of the fi
   reads through different nodes and the reads made during the run. A consumer that read
   one value there, and one that reads another later, disagree about the log. Exit status 1.
 - **duplicates**: a value at two positions, counted per client kind. Possible with the
-  official SDK, which retries a 5xx or a broken connection itself; never expected from
-  LogHub's own client here (its writers do not retry), so those are listed apart.
+  official SDK, which retries a 5xx or a broken connection itself. LogHub's own writers
+  send a write whose outcome they did not learn again under the same write id (idempotent
+  writes), so a duplicate of theirs is a broken promise: the run is invalid.
 - **unexpected**: a value present that no write ever carried (corruption, or a torn record
   served).
 - **failed but present**: a ``fail`` write whose value is there: the client was told "not
@@ -132,11 +133,13 @@ class Report:
 
     @property
     def valid(self) -> bool:
-        """No acknowledged write lost, no position with two values and, replicated, every
-        shard's ISR full and its replicas byte-identical after healing."""
+        """No acknowledged write lost, no position with two values, no write of LogHub's
+        idempotent client stored twice and, replicated, every shard's ISR full and its
+        replicas byte-identical after healing."""
         return (
             not self.lost
             and not self.inconsistent
+            and not self.duplicates.get("loghub")
             and not self.replica_differences
             and not self.isr_not_full
         )
