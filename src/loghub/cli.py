@@ -327,6 +327,9 @@ def serve(
     from loghub.server import serve as run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # httpx logs every request at INFO: in a cluster that is a line per forward and per
+    # follower fetch (hundreds a second), which costs more than the fetch's own work
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     if fsync not in ("always", "interval"):
         raise typer.BadParameter("--fsync must be always or interval")
     policy: Literal["always", "interval"] = "always" if fsync == "always" else "interval"
