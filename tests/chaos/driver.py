@@ -63,6 +63,9 @@ class Options:
     catch_up_s: float = 90.0
     write_rate_per_s: float = 80.0
     keep: Path | None = None
+    # a database of a PostgreSQL server the caller runs (the test suite's), used by this run
+    # alone; empty: the run starts a server of its own
+    postgres_url: str = ""
 
 
 @dataclass
@@ -122,7 +125,7 @@ def run(options: Options, log: Callable[[str], None] = print) -> Result:
             if not disk.mounted and "fill_disk" in faults:
                 log("tmpfs could not be mounted (not root?): fill_disk left out")
                 faults = tuple(f for f in faults if f != "fill_disk")
-            postgres_url = stack.enter_context(running_postgres())
+            postgres_url = options.postgres_url or stack.enter_context(running_postgres())
             server = ChaosServer(disk.path, SEGMENT_BYTES)
             server.start()
             stack.callback(server.crash)  # after stop(): whatever is left, by PID
@@ -183,7 +186,10 @@ def _inject_until(target: Target, faults: tuple[str, ...], options: Options,
                   deadline: float) -> None:  # fmt: skip
     """Every fault kind once, in a seeded order (a short run still meets them all, even past
     the deadline), then kinds chosen at random until the deadline."""
-    time.sleep(min(5.0, options.seconds / 4))  # let every shard find a consumer first
+    # let every shard find a consumer first: each group's workers share the shards
+    settle_until = time.monotonic() + min(5.0, options.seconds / 4)
+    while time.monotonic() < settle_until and not all(_settled(f) for f in target.fleets):
+        time.sleep(0.05)
     first_round = target.rng.sample(faults, len(faults))
     while faults and (time.monotonic() < deadline or first_round):
         kind = first_round.pop() if first_round else target.rng.choice(faults)
@@ -202,6 +208,20 @@ def _inject_until(target: Target, faults: tuple[str, ...], options: Options,
             target.log(f"{kind} refused: {exc!r}")
         time.sleep(target.rng.uniform(*options.fault_gap_s))
     time.sleep(max(0.0, deadline - time.monotonic()))
+
+
+def _settled(fleet: Fleet) -> bool:
+    """Every shard is held by a worker of the group and every worker holds one (from the
+    start and stop events the workers record)."""
+    held: dict[int, set[int]] = {}
+    for event in fleet.events():
+        if event["e"] == "start":
+            held.setdefault(event["pid"], set()).add(event["shard"])
+        elif event["e"] == "stop":
+            held.get(event["pid"], set()).discard(event["shard"])
+    running = [fleet.pid(name) for name in fleet.running()]
+    covered = set().union(*(held.get(pid, set()) for pid in running))
+    return covered == set(range(SHARDS)) and all(held.get(pid) for pid in running)
 
 
 def _restart_dead_stream(target: Target) -> None:
@@ -227,7 +247,8 @@ def _catch_up(fleets: list[Fleet], spark: SparkStream | None, acked: set[tuple[s
                 pending.discard(fleet.group)
         if spark is not None and "spark" in pending and acked <= set(spark.logs()):
             pending.discard("spark")
-        time.sleep(1.0)
+        if pending:
+            time.sleep(0.2)
     if pending:
         log(f"still behind after {timeout_s:.0f} s: {', '.join(sorted(pending))}")
 

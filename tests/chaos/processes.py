@@ -58,15 +58,15 @@ class ChaosServer(ServerProcess):
         self.proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env)
         log_file.close()
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                with httpx.Client(trust_env=False, timeout=1) as http:
+        with httpx.Client(trust_env=False, timeout=1) as http:  # one client for every try
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
+                with contextlib.suppress(httpx.HTTPError, ValueError):
                     reply = http.get(f"http://{self.endpoint}/health")
-                if reply.status_code == 200 and reply.json().get("pid") == self.proc.pid:
-                    return self
-            time.sleep(0.05)
+                    if reply.status_code == 200 and reply.json().get("pid") == self.proc.pid:
+                        return self
+                time.sleep(0.01)
         self.kill()
         raise RuntimeError(f"server did not become healthy: {self.log()}")
 

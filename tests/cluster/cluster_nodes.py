@@ -13,6 +13,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +62,33 @@ class LogHubCluster:
         else:
             self.nodes.append(node)
         return node
+
+    def start_new_nodes(self, count: int) -> None:
+        """Starts nodes ``len(nodes)`` to ``len(nodes) + count - 1`` side by side and waits
+        until each answers: their interpreters start at once instead of one after another."""
+        first = len(self.nodes)
+        wanted = count * (2 if self.kafka else 1)
+        ports: list[int] = []
+        while len(ports) < wanted:  # distinct, although none is bound until its node starts
+            port = free_port()
+            if port not in ports and port not in self.kafka_ports.values():
+                ports.append(port)
+        if self.kafka:
+            for index, kafka_port in enumerate(ports[count:], start=first):
+                self.kafka_ports.setdefault(index, kafka_port)
+        new = [
+            ServerProcess(
+                self.base / f"node{index}",
+                keys=self.keys,
+                extra_args=self.node_args(index, port),
+                port=port,
+            )
+            for index, port in enumerate(ports[:count], start=first)
+        ]
+        self.nodes.extend(new)  # listed first: whatever starts is stopped at the end
+        with ThreadPoolExecutor(count) as pool:
+            for future in [pool.submit(node.start) for node in new]:
+                future.result()
 
     def status(self) -> dict[str, object]:
         """`loghub cluster status --json`, read from etcd."""
@@ -114,8 +142,7 @@ def running_cluster(
     with running_etcd(3) as etcd:
         cluster = LogHubCluster(etcd, [], base, keys or {}, kafka, extra_args=extra_args)
         try:
-            for index in range(nodes):
-                cluster.start_node(index)
+            cluster.start_new_nodes(nodes)
             yield cluster
         finally:
             for node in cluster.nodes:

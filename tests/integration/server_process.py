@@ -89,30 +89,31 @@ class ServerProcess:
         log_file = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it)
         self.proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env)
         log_file.close()
+        scheme = "http" if self.ca_cert is None else "https"
+        verify: ssl.SSLContext | bool = (
+            True if self.ca_cert is None else ssl.create_default_context(cafile=self.ca_cert)
+        )
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                if "address already in use" in self.log():
-                    raise PortTaken(self.port)
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
-            scheme = "http" if self.ca_cert is None else "https"
-            verify: ssl.SSLContext | bool = (
-                True if self.ca_cert is None else ssl.create_default_context(cafile=self.ca_cert)
-            )
-            try:
-                # never through a proxy from the environment (the SDK tests set HTTP_PROXY)
-                with httpx.Client(trust_env=False, timeout=1, verify=verify) as http:
+        # one client for every try: never through a proxy from the environment (the SDK
+        # tests set HTTP_PROXY)
+        with httpx.Client(trust_env=False, timeout=1, verify=verify) as http:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    if "address already in use" in self.log():
+                        raise PortTaken(self.port)
+                    raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
+                try:
                     reply = http.get(f"{scheme}://{self.endpoint}/health")
-            except httpx.HTTPError:
-                time.sleep(0.05)
-                continue
-            # the pid tells our server from another process that took the same port
-            if reply.status_code == 200 and reply.json().get("pid") == self.proc.pid:
-                return self
-            if reply.status_code == 200:
-                self.kill()
-                raise PortTaken(self.port)
-            time.sleep(0.05)
+                except httpx.HTTPError:
+                    time.sleep(0.01)
+                    continue
+                # the pid tells our server from another process that took the same port
+                if reply.status_code == 200 and reply.json().get("pid") == self.proc.pid:
+                    return self
+                if reply.status_code == 200:
+                    self.kill()
+                    raise PortTaken(self.port)
+                time.sleep(0.01)
         self.kill()
         raise RuntimeError(f"server did not become healthy: {self.log()}")
 

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
+from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chaos"))
 
@@ -28,12 +33,34 @@ SHORT_RUN_S = 30.0
 SEED = 20261125  # fixed, so the schedule is the same every run; LOGHUB_SEED replays another
 
 
+@pytest.fixture
+def chaos_database(postgres_url: str) -> Iterator[str]:
+    """A database of its own on the session's PostgreSQL server: the run's break_postgres
+    terminates every backend of its database, and only of its database."""
+    url = make_url(postgres_url)
+    name = f"chaos_{uuid.uuid4().hex[:12]}"
+    server = {"host": url.host, "port": url.port, "user": url.username, "dbname": "postgres"}
+    with psycopg.connect(**server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield url.set(database=name).render_as_string(hide_password=False)
+    with psycopg.connect(**server, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
 @pytest.mark.postgres
-def test_short_chaos_run_loses_no_acknowledged_log_and_keeps_key_order(tmp_path: Path) -> None:
+def test_short_chaos_run_loses_no_acknowledged_log_and_keeps_key_order(
+    chaos_database: str,
+) -> None:
     seed = int(os.environ.get("LOGHUB_SEED", SEED))
     lines: list[str] = []
     result = run(
-        Options(seconds=SHORT_RUN_S, faults=SURVIVED, seed=seed, catch_up_s=60),
+        Options(
+            seconds=SHORT_RUN_S,
+            faults=SURVIVED,
+            seed=seed,
+            catch_up_s=60,
+            postgres_url=chaos_database,
+        ),
         log=lines.append,
     )
     report(result, log=lines.append)

@@ -5,17 +5,21 @@ server, in an empty directory, through a `loghub` on PATH that runs this checkou
 PostgreSQL host, public addresses). Commands that run until stopped (a following `tail`,
 `consume`, a `tail -F` pipe) must still be running, with nothing on stderr that looks like an
 error, after FOLLOW_S seconds; then their process group (this test's own child) is stopped.
+Consecutive ones that only tail are started together and share those FOLLOW_S seconds; the
+`consume` examples, members of one consumer group, run one after another.
 Every other command must exit with status 0. The command list at the top of the page must be
 covered: each `loghub X a|b` there has an example of `loghub X a` and `loghub X b` that ran.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,9 +87,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         process.stop()
 
 
-def run(command: str, cwd: Path, env: dict[str, str]) -> tuple[str, str]:
-    """Runs one example; returns its stdout and stderr, failing the test on an error."""
-    proc = subprocess.Popen(
+def shares_the_wait(command: str) -> bool:
+    """A command that runs until stopped and can run beside the one before it: a tail."""
+    return runs_until_stopped(command) and "loghub consume" not in command
+
+
+def start(command: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
         ["bash", "-c", command],
         cwd=cwd,
         env=env,
@@ -95,22 +103,45 @@ def run(command: str, cwd: Path, env: dict[str, str]) -> tuple[str, str]:
         text=True,
         start_new_session=True,  # its own process group: stopped as a whole, by its id
     )
+
+
+def run(command: str, cwd: Path, env: dict[str, str]) -> tuple[str, str]:
+    """Runs one example; returns its stdout and stderr, failing the test on an error."""
+    proc = start(command, cwd, env)
     if not runs_until_stopped(command):
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, f"{command!r} exited {proc.returncode}: {err}"
         return out, err
+    return follow({command: proc})[command]
+
+
+def follow(procs: dict[str, subprocess.Popen[str]]) -> dict[str, tuple[str, str]]:
+    """Commands that run until stopped, started together: each must still be running
+    FOLLOW_S seconds after the last one started, with no error on stderr; then each
+    process group is stopped. Returns each command's stdout and stderr."""
+    deadline = time.monotonic() + FOLLOW_S
+    outputs = {}
     try:
-        out, err = proc.communicate(timeout=FOLLOW_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs.values():  # reads what each prints meanwhile
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        for command, proc in procs.items():
+            if proc.poll() is not None:
+                _out, err = proc.communicate()
+                raise AssertionError(f"{command!r} stopped by itself ({proc.returncode}): {err}")
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+    for command, proc in procs.items():
         try:
             out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
         assert "error" not in err.lower() and "Traceback" not in err, f"{command!r}: {err}"
-        return out, err
-    raise AssertionError(f"{command!r} stopped by itself ({proc.returncode}): {err}")
+        outputs[command] = out, err
+    return outputs
 
 
 def test_every_example_in_cli_md_runs(server: ServerProcess, tmp_path: Path) -> None:
@@ -134,9 +165,18 @@ def test_every_example_in_cli_md_runs(server: ServerProcess, tmp_path: Path) -> 
     }
     ran: list[str] = []
     outputs: dict[str, str] = {}
-    for command in commands:
-        if "loghub serve" in command:
+    pending = [command for command in commands if "loghub serve" not in command]
+    while pending:
+        if shares_the_wait(pending[0]):
+            tails = {}
+            while pending and shares_the_wait(pending[0]):
+                command = pending.pop(0)
+                tails[command] = start(command, work, env)
+            for command, (out, _err) in follow(tails).items():
+                outputs[command] = out
+                ran.append(command)
             continue
+        command = pending.pop(0)
         outputs[command], _ = run(command, work, env)
         ran.append(command)
     for listed in listed_commands(text):

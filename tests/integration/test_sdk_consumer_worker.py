@@ -193,20 +193,6 @@ def _all_processed(pool: Workers, producer: Producer) -> Callable[[], bool]:
     return lambda: set(producer.acked) <= {(k, n) for k, n, _, _ in pool.processed()}
 
 
-def test_three_workers_share_eight_shards_three_three_two(
-    server: ServerProcess, workers: Callable[..., Workers]
-) -> None:
-    _create(server, "balance", 8)
-    pool = workers("balance")
-    for name in ("w1", "w2", "w3"):
-        pool.start(name)
-    wait_for(
-        lambda: sorted(len(s) for s in pool.holdings().values()) == [2, 3, 3], 60, "a 3/3/2 split"
-    )
-    held = pool.holdings()
-    assert sorted(s for shards in held.values() for s in shards) == list(range(8))
-
-
 def test_clean_leave_and_join_lose_nothing_and_duplicate_nothing(
     server: ServerProcess, workers: Callable[..., Workers]
 ) -> None:
@@ -229,9 +215,11 @@ def test_clean_leave_and_join_lose_nothing_and_duplicate_nothing(
     assert set(counts) == set(producer.acked)
 
 
-def test_a_killed_workers_shards_move_within_timeout_plus_heartbeat(
+def test_three_workers_share_eight_shards_three_three_two_and_a_killed_workers_shards_move(
     server: ServerProcess, workers: Callable[..., Workers]
 ) -> None:
+    """Three workers on eight shards settle at 3/3/2, each shard held once; then one is
+    SIGKILLed and its shards move within the group timeout plus a heartbeat."""
     _create(server, "killed", 8)
     pool = workers("killed")
     with Producer(server.endpoint, "cwork", "killed") as producer:
@@ -240,9 +228,11 @@ def test_a_killed_workers_shards_move_within_timeout_plus_heartbeat(
         wait_for(
             lambda: sorted(len(s) for s in pool.holdings().values()) == [2, 3, 3],
             60,
-            "a balanced group",
+            "a 3/3/2 split",
         )
-        orphaned = pool.holdings()["w2"]
+        held = pool.holdings()
+        assert sorted(s for shards in held.values() for s in shards) == list(range(8))
+        orphaned = held["w2"]
         killed_at = time.monotonic_ns()
         pool.kill("w2")
 
