@@ -89,6 +89,44 @@ def put(
     writer.put_log_group(PROJECT, logstore, group, shard_id=shard_id, write_id=write_id)
 
 
+class Writers:
+    """One thread per node index, writing ``<prefix><index>-<n>`` to shard ``n % shards``
+    of ``logstore`` until ``stop``; the values acknowledged and the failures, in order."""
+
+    def __init__(
+        self, cluster: LogHubCluster, logstore: str, indexes: list[int], prefix: str, shards: int
+    ) -> None:
+        self.acked: list[str] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._write, args=(cluster, logstore, i, prefix, shards))
+            for i in indexes
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _write(
+        self, cluster: LogHubCluster, logstore: str, index: int, prefix: str, shards: int
+    ) -> None:
+        writer = LogHubClient(cluster.nodes[index].endpoint, "ak", "sk", timeout_s=10.0)
+        n = 0
+        while not self._stop.is_set():
+            value = f"{prefix}{index}-{n}"
+            n += 1
+            try:
+                put(writer, logstore, value, n % shards)
+                self.acked.append(value)
+            except LogHubError as exc:
+                self.failures.append(f"{value}: {exc}")
+        writer.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+
 def read_values(reader: LogHubClient, logstore: str, shard_id: int) -> list[str]:
     cursor = reader.get_cursor(PROJECT, logstore, shard_id, "begin")
     values = []
@@ -251,42 +289,22 @@ def test_a_drained_node_hands_its_leaderships_over_with_no_write_refused(
     wait_for(lambda: all(len(r.isr) == 3 for r in records(cluster, "drain").values()), 30, "ISR")
     target = records(cluster, "drain")[0].leader
     others = [i for i in range(3) if f"n{i}" != target]
-    failures: list[str] = []
-    acked: list[str] = []
-    stop = threading.Event()
-
-    def write(index: int) -> None:
-        writer = LogHubClient(cluster.nodes[index].endpoint, "ak", "sk", timeout_s=10.0)
-        n = 0
-        while not stop.is_set():
-            value = f"d{index}-{n}"
-            n += 1
-            try:
-                put(writer, "drain", value, n % 3)
-                acked.append(value)
-            except LogHubError as exc:
-                failures.append(f"{value}: {exc}")
-        writer.close()
-
-    threads = [threading.Thread(target=write, args=(i,)) for i in others]
-    for thread in threads:
-        thread.start()
-    wait_for(lambda: len(acked) >= 30, what="writes before the drain")
-    drained = _loghub_cli(cluster, "node", "drain", target)
-    assert drained.returncode == 0, drained.stderr
+    writers = Writers(cluster, "drain", others, "d", 3)
     try:
+        wait_for(lambda: len(writers.acked) >= 30, what="writes before the drain")
+        drained = _loghub_cli(cluster, "node", "drain", target)
+        assert drained.returncode == 0, drained.stderr
         wait_for(
             lambda: all(r.leader != target for r in records(cluster, "drain").values()),
             20,
             "leaderships moved",
         )
-        count = len(acked)
-        wait_for(lambda: len(acked) > count + 20, 10, "writes after the move")
+        count = len(writers.acked)
+        wait_for(lambda: len(writers.acked) > count + 20, 10, "writes after the move")
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join()
+        writers.stop()
         _loghub_cli(cluster, "node", "undrain", target)
+    failures, acked = writers.failures, writers.acked
     assert failures == []
     reader = client(cluster, others[0])
     stored = [v for s in range(3) for v in read_values(reader, "drain", s)]
@@ -318,37 +336,17 @@ def test_a_node_stopped_with_sigterm_hands_its_leaderships_over_first(
     target = records(cluster, "sigterm")[0].leader
     victim = index_of(target)
     others = [i for i in range(3) if i != victim]
-    failures: list[str] = []
-    acked: list[str] = []
-    stop = threading.Event()
-
-    def write(index: int) -> None:
-        writer = LogHubClient(cluster.nodes[index].endpoint, "ak", "sk", timeout_s=10.0)
-        n = 0
-        while not stop.is_set():
-            value = f"t{index}-{n}"
-            n += 1
-            try:
-                put(writer, "sigterm", value, n % 3)
-                acked.append(value)
-            except LogHubError as exc:
-                failures.append(f"{value}: {exc}")
-        writer.close()
-
-    threads = [threading.Thread(target=write, args=(i,)) for i in others]
-    for thread in threads:
-        thread.start()
+    writers = Writers(cluster, "sigterm", others, "t", 3)
     try:
-        wait_for(lambda: len(acked) >= 30, what="writes before the stop")
+        wait_for(lambda: len(writers.acked) >= 30, what="writes before the stop")
         cluster.nodes[victim].stop()  # SIGTERM, and wait for the exit
         after = records(cluster, "sigterm")
         assert all(r.leader != target for r in after.values()), after
-        count = len(acked)
-        wait_for(lambda: len(acked) > count + 20, 10, "writes after the stop")
+        count = len(writers.acked)
+        wait_for(lambda: len(writers.acked) > count + 20, 10, "writes after the stop")
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join()
+        writers.stop()
+    failures, acked = writers.failures, writers.acked
     assert failures == []
     stored = [v for s in range(3) for v in read_values(client(cluster, others[0]), "sigterm", s)]
     assert sorted(stored) == sorted(acked)
@@ -522,25 +520,7 @@ def test_a_reassignment_moves_a_shard_to_another_node_with_no_write_refused(
     before = records(cluster, "moving")[0]
     leaving = before.leader  # the leader's node leaves: leadership must move first
     target = tuple(r for r in before.replicas if r != leaving) + ("n3",)
-    failures: list[str] = []
-    acked: list[str] = [f"m{n}" for n in range(200)]
-    stop = threading.Event()
-
-    def write() -> None:
-        writer = LogHubClient(cluster.nodes[index_of(target[0])].endpoint, "ak", "sk")
-        n = 0
-        while not stop.is_set():
-            value = f"r{n}"
-            n += 1
-            try:
-                put(writer, "moving", value, 0)
-                acked.append(value)
-            except LogHubError as exc:
-                failures.append(f"{value}: {exc}")
-        writer.close()
-
-    writer = threading.Thread(target=write)
-    writer.start()
+    writers = Writers(cluster, "moving", [index_of(target[0])], "r", 1)
     try:
         moved = _loghub_cli(
             cluster, "cluster", "reassign", PROJECT, "moving", "0", "--replicas", ",".join(target)
@@ -553,11 +533,11 @@ def test_a_reassignment_moves_a_shard_to_another_node_with_no_write_refused(
             30,
             "the reassignment to end",
         )
-        count = len(acked)
-        wait_for(lambda: len(acked) > count + 20, 10, "writes after the move")
+        count = len(writers.acked)
+        wait_for(lambda: len(writers.acked) > count + 20, 10, "writes after the move")
     finally:
-        stop.set()
-        writer.join()
+        writers.stop()
+    failures, acked = writers.failures, [f"m{n}" for n in range(200)] + writers.acked
     after = records(cluster, "moving")[0]
     assert after.leader in target and set(after.isr) == set(target)
     assert failures == []
