@@ -79,7 +79,8 @@ log = logging.getLogger("loghub.cluster")
 
 @dataclass(frozen=True)
 class ReplicationSettings:
-    """``loghub serve --cluster --replication-factor N``: the same on every node."""
+    """``loghub serve --cluster --replication-factor N``: the same on every node (checked
+    where the flags are read, ``server.config.ClusterConfig``)."""
 
     replication_factor: int = 1
     min_insync_replicas: int = 2
@@ -90,16 +91,6 @@ class ReplicationSettings:
     fetch_bytes_max: int = 8 * 1024 * 1024
     # the longest a write waits for the ISR to hold it before it is answered ServerBusy
     commit_timeout_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.replication_factor <= 7:
-            raise ValueError("--replication-factor must be 1 to 7")
-        if self.replication_factor > 1 and not (
-            1 <= self.min_insync_replicas <= self.replication_factor
-        ):
-            raise ValueError(
-                "--min-insync-replicas must be at least 1 and at most the replication factor"
-            )
 
     @property
     def replicated(self) -> bool:
@@ -508,7 +499,7 @@ class ReplicaManager:
         changed = leading.record.with_leadership(replace(leading.state.record, isr=wanted))
         if not await leading.record.swap(self._store, changed):
             return  # the record moved on: the watch brings it (and maybe a new leader)
-        entry = await self._store.get(_key_of(key))
+        entry = await self._store.get(replica_key(*key))
         if entry is None or leading.deposed:
             return
         fresh = ReplicaRecord.decode(entry.key, entry.value, entry.mod_revision)
@@ -687,10 +678,6 @@ def _first_damage(shard_log: ShardLog) -> int | None:
     if lost and lost[0][0] < shard_log.end_seq:
         return lost[0][0]
     return None
-
-
-def _key_of(key: ShardKey) -> str:
-    return replica_key(*key)
 
 
 async def _uncancellable(function: Callable[..., object], *args: object) -> None:

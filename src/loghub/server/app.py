@@ -71,6 +71,7 @@ from loghub.server.metrics import api_label
 from loghub.server.service import (
     NOT_SERVED_HEADER,
     LogHubService,
+    NodeUnreachable,
     NotServedHere,
     ShardElsewhere,
     parse_shard_id,
@@ -873,11 +874,9 @@ class LogHubApp:
                     break
                 try:
                     reply = await self._forward_shard_request(call, node, logstore, target)
-                except ServerBusy as refused:
+                except NodeUnreachable:
                     # the node refused the connection (nothing was sent): it stopped after
                     # handing its shards over, or died; route again once the view moved on
-                    if not self._unreachable(refused):
-                        raise
                     shard_id = self._shard_of(call, project, logstore, asked, target)
                     if shard_id is None:
                         await asyncio.sleep(0.2)  # a load-balanced write: choose again
@@ -963,12 +962,6 @@ class LogHubApp:
             headers["x-loghub-diverging-epoch"] = str(answer.diverging.leader_epoch)
             headers["x-loghub-diverging-end"] = str(answer.diverging.end_offset)
         return Response(answer.records, headers=headers)
-
-    @staticmethod
-    def _unreachable(error: ServerBusy) -> bool:
-        from loghub.server.cluster_routing import NodeUnreachable
-
-        return isinstance(error, NodeUnreachable)
 
     def _shard_of(
         self, call: _Call, project: str, logstore: str, asked: str, target: str

@@ -47,11 +47,11 @@ from loghub.errors import (
     error_class_for_code,
 )
 from loghub.server.config import KeyGrant, KeyRing, parse_keys_document, split_keys
-from loghub.server.service import NotServedHere
+from loghub.server.service import NodeUnreachable, NotServedHere
 from loghub.wire.producer_ids import PRODUCER_HEADER
 from loghub.wire.signing import Credentials, sign_v1
 
-__all__ = ["FORWARDED_HEADER", "ClusterRouting", "NodeUnreachable"]
+__all__ = ["FORWARDED_HEADER", "ClusterRouting"]
 
 log = logging.getLogger("loghub.server")
 
@@ -73,11 +73,6 @@ _GROUP_CALL_TIMEOUT_S = 10.0
 
 _T = TypeVar("_T")
 _PRODUCER = PRODUCER_HEADER.encode()
-
-
-class NodeUnreachable(ServerBusy):
-    """A forward whose connection was refused: nothing reached the node, so the request
-    may be routed again (``LogHubApp._shard`` does, once its view has moved on)."""
 
 
 class ClusterRouting:
@@ -233,12 +228,10 @@ class ClusterRouting:
         """Waits, up to ``placement_wait_s``, until a shard has an owner: a logstore just
         created, or a split's children, are placed by the controller within milliseconds,
         and a client should not see the moment in between."""
-        assert self.agent is not None
-        deadline = time.monotonic() + placement_wait_s
-        while (
-            self.agent.owner_id(project, logstore, shard_id) is None and time.monotonic() < deadline
-        ):
-            await asyncio.sleep(0.01)
+        agent = self.agent
+        assert agent is not None
+        await _until(lambda: agent.owner_id(project, logstore, shard_id) is not None,
+                     placement_wait_s, 0.01)  # fmt: skip
 
     async def rerouted(
         self, project: str, logstore: str, shard_id: int, away_from: str, wait_s: float = 1.5
@@ -246,26 +239,26 @@ class ClusterRouting:
         """Waits, up to ``wait_s``, for this node's view to stop naming ``away_from`` as the
         shard's node (a leader that handed the shard over and stopped, or died: the watch
         brings the change); whether it did."""
-        assert self.agent is not None
-        deadline = time.monotonic() + wait_s
-        while self.agent.owner_id(project, logstore, shard_id) == away_from:
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(0.01)
-        return True
+        agent = self.agent
+        assert agent is not None
+        return await _until(
+            lambda: agent.owner_id(project, logstore, shard_id) != away_from, wait_s, 0.01
+        )
 
     async def moved(self, project: str, logstore: str, shard_id: int) -> None:
         """Waits, up to ``placement_wait_s``, while the view says this node serves a shard
         it does not take writes for: a leader handing the shard over (it waits for its
         followers, then writes the successor's election, which the watch brings here)."""
-        assert self.agent is not None
-        deadline = time.monotonic() + placement_wait_s
-        while (
-            self.agent.owner_id(project, logstore, shard_id) == self.node_id
-            and not self.holds(project, logstore, shard_id)
-            and time.monotonic() < deadline
-        ):
-            await asyncio.sleep(0.005)
+        agent = self.agent
+        assert agent is not None
+        await _until(
+            lambda: (
+                agent.owner_id(project, logstore, shard_id) != self.node_id
+                or self.holds(project, logstore, shard_id)
+            ),
+            placement_wait_s,
+            0.005,
+        )
 
     def local_writable(self, project: str, logstore: str, writable: list[int]) -> list[int]:
         """The shards among ``writable`` that this node owns."""
@@ -484,7 +477,6 @@ class ClusterRouting:
     ) -> FetchAnswer:
         """A follower's fetch sent to the leader on ``node``: a signed GET of the shard
         with ``type=replica``; the records come as the body, the rest as headers."""
-        assert self._client is not None
         project, logstore, shard_id = key
         path = f"/logstores/{logstore}/shards/{shard_id}"
         query = [
@@ -497,23 +489,9 @@ class ClusterRouting:
             ("waitMs", str(wait_ms)),
             ("bytesMax", str(bytes_max)),
         ]
-        headers = {
-            "host": f"{project}.{node.advertise}",
-            "x-log-apiversion": "0.6.0",
-            "x-log-bodyrawsize": "0",
-            FORWARDED_HEADER: self.node_id,
-        }
-        if self._credentials is not None:
-            sign_v1("GET", path, query, headers, b"", self._credentials, time.time())
-        url = f"http://{node.advertise}{path}?" + "&".join(f"{k}={v}" for k, v in query)
-        try:
-            reply = await self._client.get(url, headers=headers, timeout=wait_ms / 1000 + 10)
-        except httpx.HTTPError as exc:
-            raise ServerBusy(f"node {node.node_id} did not answer a fetch: {exc!r}") from exc
-        if reply.status_code != 200:
-            answer = json.loads(reply.content or b"{}")
-            error = error_class_for_code(str(answer.get("errorCode", ""))) or LogHubError
-            raise error(f"node {node.node_id}: {answer.get('errorMessage', reply.status_code)}")
+        reply = await self._signed_call(
+            "GET", node, project, path, query, b"", {}, "fetch", timeout_s=wait_ms / 1000 + 10
+        )
         found = reply.headers
         diverging = None
         if "x-loghub-diverging-epoch" in found:
@@ -570,9 +548,28 @@ class ClusterRouting:
         extra_headers: dict[str, str],
         what: str,
     ) -> dict[str, object]:
-        """A POST to another node, marked as forwarded (it is never forwarded again) and
-        signed with this node's key; the answer's JSON body, or its error raised as the
-        LogHub error it names."""
+        """A POST to another node (``_signed_call``); the answer's JSON body."""
+        reply = await self._signed_call("POST", node, project, path, query, body,
+                                        extra_headers, what)  # fmt: skip
+        answer = json.loads(reply.content or b"{}")
+        return answer if isinstance(answer, dict) else {}
+
+    async def _signed_call(
+        self,
+        method: str,
+        node: NodeInfo,
+        project: str,
+        path: str,
+        query: list[tuple[str, str]],
+        body: bytes,
+        extra_headers: dict[str, str],
+        what: str,
+        timeout_s: float | None = None,
+    ) -> httpx.Response:
+        """This node's own call to another node (a merge's remote seal, a Kafka write's
+        PutLogs, a follower's fetch), marked as forwarded (it is never forwarded again) and
+        signed with this node's key; its answer, or its error raised as the LogHub error it
+        names (ServerBusy when the node did not answer)."""
         assert self._client is not None
         headers = {
             "host": f"{project}.{node.advertise}",
@@ -582,17 +579,30 @@ class ClusterRouting:
             FORWARDED_HEADER: self.node_id,
         }
         if self._credentials is not None:
-            sign_v1("POST", path, query, headers, body, self._credentials,
-                    time.time())  # fmt: skip
+            sign_v1(method, path, query, headers, body, self._credentials, time.time())
         url = f"http://{node.advertise}{path}"
         if query:
             url += "?" + "&".join(f"{k}={v}" for k, v in query)
+        timeout = self._client.timeout if timeout_s is None else httpx.Timeout(timeout_s)
         try:
-            reply = await self._client.post(url, headers=headers, content=body)
+            reply = await self._client.request(
+                method, url, headers=headers, content=body, timeout=timeout
+            )
         except httpx.HTTPError as exc:
             raise ServerBusy(f"node {node.node_id} did not answer a {what}; try again") from exc
-        answer = json.loads(reply.content or b"{}")
         if reply.status_code != 200:
+            answer = json.loads(reply.content or b"{}")
             error = error_class_for_code(str(answer.get("errorCode", ""))) or LogHubError
             raise error(f"node {node.node_id}: {answer.get('errorMessage', reply.status_code)}")
-        return answer if isinstance(answer, dict) else {}
+        return reply
+
+
+async def _until(done: Callable[[], bool], wait_s: float, poll_s: float) -> bool:
+    """Polls ``done`` (a look at this node's view, which its watches update) every
+    ``poll_s`` for up to ``wait_s``; whether it came true."""
+    deadline = time.monotonic() + wait_s
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(poll_s)
+    return True

@@ -128,6 +128,12 @@ class NotServedHere(ServerBusy):
     ``NOT_SERVED_HEADER``, so the forwarding node routes it again."""
 
 
+class NodeUnreachable(ServerBusy):
+    """A forward whose connection was refused (or, for a write with an id, dropped):
+    nothing was stored by it, so the request may be routed again (``LogHubApp._shard``
+    does, once its view has moved on)."""
+
+
 class ShardElsewhere(ServerBusy):
     """A write picked a shard whose log another node of the cluster holds (a routed write
     whose shard was handed over and succeeded while it waited, or whose placement this
@@ -840,8 +846,7 @@ class LogHubService:
     def seal_log(self, project: str, logstore: str, shard_id: int) -> int:
         """Seals this node's log of a shard for good (a hand-over, or a shard succeeded
         while this node was away); returns its end."""
-        store = self.metadata.get_logstore(project, logstore)
-        return self.storage.shard(store.storage_key, shard_id).seal()
+        return self.replica_log(project, logstore, shard_id).seal()
 
 
 class ReplicationGate(Protocol):
