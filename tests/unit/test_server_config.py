@@ -146,3 +146,28 @@ def test_the_kafka_address_defaults_like_advertise_and_refuses_a_malformed_one()
     for bad in ("no-port", ":9092", "h:x", "h:0", "h:70000"):
         with pytest.raises(ParameterInvalid, match="--kafka-advertise must be host:port"):
             dataclasses.replace(listening, kafka_advertise=bad).kafka_address()
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"replication_factor": 0}, "--replication-factor"),
+        ({"replication_factor": 8}, "--replication-factor"),
+        ({"replication_factor": 3, "min_insync_replicas": 4}, "--min-insync-replicas"),
+        ({"replication_factor": 3, "min_insync_replicas": 0}, "--min-insync-replicas"),
+        ({"replica_lag_ms": 50}, "--replica-lag-ms"),
+    ],
+)
+def test_replication_flags_out_of_range_are_refused_by_name(
+    changes: dict[str, int], named: str
+) -> None:
+    from loghub.server.config import ClusterConfig
+
+    with pytest.raises(ParameterInvalid, match=named):
+        ClusterConfig("etcd://127.0.0.1:2379", "n1", "127.0.0.1:8080", **changes)  # type: ignore[arg-type]
+    ClusterConfig("etcd://127.0.0.1:2379", "n1", "127.0.0.1:8080", replication_factor=3)
+
+
+def test_replication_without_a_cluster_is_refused() -> None:
+    result = CliRunner().invoke(app, ["serve", "--replication-factor", "3"])
+    assert result.exit_code != 0 and "--replication-factor needs --cluster" in result.output
