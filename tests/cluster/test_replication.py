@@ -182,19 +182,40 @@ def test_an_acknowledged_write_is_on_every_replica(cluster: LogHubCluster) -> No
 
 def test_a_follower_fetch_needs_a_node_key(cluster: LogHubCluster) -> None:
     """A fetch reports what a follower holds, which acknowledges writes: a request without
-    a valid signature is refused like any other, and a fetch for an epoch the node does not
-    lead is refused without effect."""
+    a valid signature is refused like any other, a malformed one or one from a node that is
+    not a follower is a 400, and a fetch for an epoch the node does not lead is refused
+    (503, retryable: the follower's view is behind) without effect on the record."""
     import httpx
+
+    from loghub.wire.signing import Credentials, sign_v1
 
     record = records(cluster, "copies")[0]
     leader = cluster.nodes[index_of(record.leader)]
-    url = (
-        f"http://{leader.endpoint}/logstores/copies/shards/0?type=replica&replica=n9"
-        f"&leaderEpoch={record.epoch}&offset=0&lastEpoch=-1&fsyncedEnd=0"
-    )
-    with httpx.Client() as http:
-        reply = http.get(url, headers={"host": f"{PROJECT}.{leader.endpoint}"})
-    assert reply.status_code == 401, reply.text
+    follower = next(r for r in record.replicas if r != record.leader)
+    path = "/logstores/copies/shards/0"
+
+    def fetch(signed: bool, **params: object) -> httpx.Response:
+        query = [("type", "replica")] + [(k, str(v)) for k, v in params.items()]
+        headers = {"host": f"{PROJECT}.{leader.endpoint}", "x-log-apiversion": "0.6.0",
+                   "x-log-bodyrawsize": "0"}  # fmt: skip
+        if signed:
+            sign_v1("GET", path, query, headers, b"", Credentials("ak", "sk"), time.time())
+        url = f"http://{leader.endpoint}{path}?" + "&".join(f"{k}={v}" for k, v in query)
+        with httpx.Client() as http:
+            return http.get(url, headers=headers)
+
+    valid = {"replica": follower, "leaderEpoch": record.epoch, "offset": 0, "lastEpoch": -1,
+             "fsyncedEnd": 0}  # fmt: skip
+    assert fetch(False, **valid).status_code == 401
+    for wrong in ({"replica": "n9"}, {"replica": record.leader}, {"leaderEpoch": -1},
+                  {"offset": "x"}, {"fsyncedEnd": 5}, {"lastEpoch": -2},
+                  {"lastEpoch": -1, "offset": 3, "fsyncedEnd": 0}):  # fmt: skip
+        reply = fetch(True, **{**valid, **wrong})
+        assert reply.status_code == 400, (wrong, reply.text)
+        assert reply.json()["errorCode"] == "ParameterInvalid"
+    stale = fetch(True, **{**valid, "leaderEpoch": record.epoch + 5})
+    assert stale.status_code == 503 and stale.json()["errorCode"] == "ServerBusy"
+    assert records(cluster, "copies")[0] == record
 
 
 def test_leader_sigkill_fails_over_to_an_in_sync_replica_without_loss(

@@ -59,6 +59,7 @@ from loghub.errors import (
     FencedError,
     LogHubError,
     NotEnoughReplicasError,
+    ParameterInvalid,
     ServerBusy,
 )
 from loghub.metadata.cluster_store import ShardLeadership
@@ -450,7 +451,10 @@ class ReplicaManager:
         except FencedError as exc:
             raise ServerBusy(str(exc)) from None
         if request.replica_id not in leading.record.replicas or request.replica_id == self.node_id:
-            raise ServerBusy(f"{request.replica_id} is not a replica of shard {key[2]}")
+            # a client's mistake, not a state that passes: 400, not a retryable 503
+            raise ParameterInvalid(
+                f"{request.replica_id!r} is not a follower of shard {key[2]} of {key[1]}"
+            )
         view = leading.snapshot()
         diverging = diverging_epoch(view, request)
         if diverging is not None:

@@ -940,9 +940,12 @@ class LogHubApp:
         last_epoch = _int_param(call, "lastEpoch")
         if last_epoch < -1 or (last_epoch == -1 and offset != 0):
             raise ParameterInvalid("lastEpoch must be -1 (an empty log) or an epoch")
+        leader_epoch = _int_param(call, "leaderEpoch")
+        if leader_epoch < 0:
+            raise ParameterInvalid("leaderEpoch must be an epoch (0 or more)")
         request = FetchRequest(
             call.query.get("replica", ""),
-            _int_param(call, "leaderEpoch"),
+            leader_epoch,
             offset,
             last_epoch,
             fsynced_end,
