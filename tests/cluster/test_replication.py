@@ -564,6 +564,16 @@ def test_a_reassignment_moves_a_shard_to_another_node_with_no_write_refused(
     assert failures == []
     wait_for(lambda: _same_copies(cluster, "moving", [index_of(r) for r in target]), 10, "copies")
     assert sorted(read_values(client(cluster, 3), "moving", 0)) == sorted(acked)
+    # the node the shard left deletes its copy once the move has ended (after a grace period
+    # for requests that reached it while it led); the others keep theirs
+    wait_for(lambda: not _copy_dirs(cluster, index_of(leaving), "moving"), 20, "the old copy gone")
+    assert all(_copy_dirs(cluster, index_of(r), "moving") for r in target)
+    assert sorted(read_values(client(cluster, index_of(leaving)), "moving", 0)) == sorted(acked)
+
+
+def _copy_dirs(cluster: LogHubCluster, index: int, logstore: str) -> list[Path]:
+    base = cluster.nodes[index].data_dir / "shards" / PROJECT
+    return [d for d in base.glob(f"{logstore}-*/0") if d.is_dir()]
 
 
 def _same_copies(cluster: LogHubCluster, logstore: str, indexes: list[int]) -> bool:

@@ -77,6 +77,36 @@ def test_retention_applies_to_each_listed_shard(store: ShardStore) -> None:
         assert log.begin_seq == log.end_seq == 20
 
 
+def test_retention_skips_a_listed_shard_this_store_does_not_hold(
+    store: ShardStore, tmp_path: Path
+) -> None:
+    """In a cluster the list names every shard of the logstore; a node holds only some."""
+    store.shard("p/l", 0).append(b"x", 1000)
+
+    store.apply_retention("p/l", [0, 1, 2], now_ms=100_000, ttl_ms=1000)
+
+    assert sorted(p.name for p in (tmp_path / "data" / "p" / "l").iterdir()) == ["0"]
+
+
+def test_drop_shard_closes_its_log_and_deletes_only_its_directory(
+    store: ShardStore, tmp_path: Path
+) -> None:
+    gone = store.shard("p/l", 0)
+    gone.append(b"x", 1)
+    kept = store.shard("p/l", 1)
+    kept.append(b"y", 1)
+
+    assert store.drop_shard("p/l", 0) is True
+
+    assert not (tmp_path / "data" / "p" / "l" / "0").exists()
+    with pytest.raises(StorageClosedError):
+        gone.append(b"x", 1)
+    assert kept.read(0, 10, 100).data == b"y"
+    assert store.drop_shard("p/l", 0) is False  # nothing left to drop
+    assert store.drop_shard("p/l", 7) is False
+    assert store.shard("p/l", 0).end_seq == 0  # a new, empty log if it comes back
+
+
 @pytest.mark.parametrize("key", ["../escape", "/absolute", "p/../q", ""])
 def test_logstore_keys_must_be_relative_paths_without_parent_steps(
     store: ShardStore, key: str

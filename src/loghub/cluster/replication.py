@@ -24,7 +24,9 @@ What a record change does here (``reconcile``, on every change the node's watch 
 a new epoch for this node makes it leader (after its follower task has stopped, so no fetch
 appends under the leader); any other change of leader or epoch makes it a follower of the
 new leader and fails the acks still waiting on it (``ServerBusy``: the write may be kept or
-not, as after any timeout; the idempotent client's retry is de-duplicated).
+not, as after any timeout; the idempotent client's retry is de-duplicated). A record that
+no longer names this node once a reassignment ended deletes its copy of the shard, after a
+grace period (``_remove_copy``): the target replicas hold everything it held.
 
 Thread-safety: everything runs on the node's event loop; shard log I/O goes to threads.
 """
@@ -76,6 +78,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("loghub.cluster")
+
+# how long a node keeps its copy of a shard a reassignment moved away before deleting it:
+# requests that reached it while it still led or followed the shard finish first
+REMOVED_COPY_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,11 @@ class ReplicaLogs(Protocol):
     def replica_log(self, project: str, logstore: str, shard_id: int) -> ShardLog:
         """The node's log of a shard, opened (and recovered) but never sealed on open: a
         follower of a read-only shard still copies its tail. Blocking."""
+        ...
+
+    def drop_replica_log(self, project: str, logstore: str, shard_id: int) -> bool:
+        """Deletes the node's copy of a shard it no longer replicates; False when it had
+        none. Blocking."""
         ...
 
 
@@ -222,6 +233,10 @@ class ReplicaManager:
         # records it copies (Kafka takes the partition's leader-ISR lock for the same)
         self._deposed: dict[ShardKey, _Leading] = {}
         self.draining = False
+        # copies of shards moved off this node, deleted after REMOVED_COPY_GRACE_S; the
+        # first reconcile looks at every record, later ones at the shards it held a role on
+        self._removals: dict[ShardKey, asyncio.Task[None]] = {}
+        self._looked_for_removed = False
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -255,6 +270,7 @@ class ReplicaManager:
     async def stop(self) -> None:
         self._closed = True
         tasks = [task for _record, task in self._following.values()]
+        tasks += self._removals.values()
         if self._isr_task is not None:
             tasks.append(self._isr_task)
         for task in tasks:
@@ -318,19 +334,32 @@ class ReplicaManager:
                     leading.record = record
                     leading.state = replace(leading.state, record=record.leadership())
                     leading.advance()
+            held = set(self._following) | set(self._deposed)
+            if not self._looked_for_removed:
+                held |= set(records)
+                self._looked_for_removed = True
             for key, (followed, task) in list(self._following.items()):
                 record = records.get(key)
-                if record is None or self.node_id not in record.replicas:
-                    task.cancel()
-                    del self._following[key]
-                elif record.leader == self.node_id or (
-                    record.leader,
-                    record.epoch,
-                ) != (followed.leader, followed.epoch):
+                if (
+                    record is None
+                    or self.node_id not in record.replicas
+                    or record.leader == self.node_id
+                    or (record.leader, record.epoch) != (followed.leader, followed.epoch)
+                ):
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
                     del self._following[key]
+            for key in held:
+                record = records.get(key)
+                if (
+                    record is not None
+                    and self.node_id not in record.replicas
+                    and not record.target
+                    and key not in self._removals
+                    and not self._closed
+                ):
+                    self._removals[key] = asyncio.create_task(self._remove_copy(key))
             for key, record in records.items():
                 if self.node_id not in record.replicas or self._closed or self._leaving:
                     continue
@@ -339,6 +368,39 @@ class ReplicaManager:
                         await self._lead(record)
                 elif key not in self._following:
                     self._following[key] = (record, asyncio.create_task(self._follow(key)))
+
+    async def _remove_copy(self, key: ShardKey) -> None:
+        """Deletes this node's copy of a shard a reassignment moved away, as Kafka's
+        StopReplica with delete does: once the move has ended (its target replicas were in
+        sync and the record names them alone), after a grace period for the requests that
+        reached this node while it still led or followed the shard, and only if the record
+        still leaves this node out. A record that is missing (etcd answered nothing) never
+        deletes anything."""
+        try:
+            await asyncio.sleep(REMOVED_COPY_GRACE_S)
+            async with self._reconciling:
+                record = self.records.get(key)
+                if (
+                    self._closed
+                    or record is None
+                    or self.node_id in record.replicas
+                    or record.target
+                    or key in self._following
+                    or key in self._leading
+                ):
+                    return
+                deposed = self._deposed.pop(key, None)
+                while deposed is not None and deposed.inflight > 0:
+                    await asyncio.sleep(0.005)
+                if await asyncio.to_thread(self._logs.drop_replica_log, *key):
+                    log.info(
+                        "%s/%s shard %d: deleted this node's copy (the shard's replicas are "
+                        "now %s)", key[0], key[1], key[2], list(record.replicas),
+                    )  # fmt: skip
+        except (LogHubError, OSError) as exc:
+            log.warning("%s: could not delete the copy of a shard moved away: %s", key, exc)
+        finally:
+            self._removals.pop(key, None)
 
     def _depose(self, key: ShardKey, record: ReplicaRecord | None) -> None:
         leading = self._leading.pop(key)

@@ -31,6 +31,7 @@ from loghub.errors import (
     LogHubError,
     LogSealedError,
     LogStoreInfoInvalid,
+    LogStoreNotExist,
     NotFoundError,
     ParameterInvalid,
     RecordsLostError,
@@ -842,6 +843,15 @@ class LogHubService:
         never sealed here (a follower of a read-only shard still copies its tail)."""
         store = self.metadata.get_logstore(project, logstore)
         return self.storage.shard(store.storage_key, shard_id)
+
+    def drop_replica_log(self, project: str, logstore: str, shard_id: int) -> bool:
+        """Deletes this node's copy of a shard it no longer replicates (a reassignment that
+        moved the shard to other nodes has ended); False when it had none."""
+        try:
+            store = self.metadata.get_logstore(project, logstore)
+        except LogStoreNotExist:
+            return False  # a deleted logstore's data goes with drop_deleted_logs
+        return self.storage.drop_shard(store.storage_key, shard_id)
 
     def seal_log(self, project: str, logstore: str, shard_id: int) -> int:
         """Seals this node's log of a shard for good (a hand-over, or a shard succeeded

@@ -135,11 +135,29 @@ class ShardStore:
     def apply_retention(
         self, logstore_key: str, shard_ids: Iterable[int], now_ms: int, ttl_ms: int
     ) -> int:
-        """Applies the TTL to each shard; returns the segments deleted in all."""
+        """Applies the TTL to each shard this store holds; returns the segments deleted in
+        all. A shard with no directory here is skipped, not created: in a cluster the list
+        names every shard of the logstore and a node holds only some of them."""
+        directory = self._logstore_directory(logstore_key)
         return sum(
             self.shard(logstore_key, shard_id).apply_retention(now_ms, ttl_ms)
             for shard_id in shard_ids
+            if (logstore_key, shard_id) in self._logs or (directory / str(shard_id)).is_dir()
         )
+
+    def drop_shard(self, logstore_key: str, shard_id: int) -> bool:
+        """Closes the shard's log and deletes its directory; False when there was none."""
+        directory = self._logstore_directory(logstore_key) / str(shard_id)
+        with self._lock:
+            self._check_open()
+            log = self._logs.pop((logstore_key, shard_id), None)
+            if log is not None:
+                log.close()
+            if not directory.is_dir():
+                return False
+            shutil.rmtree(directory)
+            fsync_directory(directory.parent)
+            return True
 
     def statistics(self) -> ShardStoreStatistics:
         with self._lock:
