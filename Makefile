@@ -23,8 +23,12 @@ system-deps:
 run: $(STAMP) system-deps
 	$(VENV)/bin/loghub demo --data-dir run-data
 
+# on two workers (pytest-xdist): each test module is one unit of work, longest first
+# (tests/conftest.py); TEST_WORKERS=0 runs the suite in one process, in the files' order
+TEST_WORKERS ?= 2
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q -m 'not slow'
+	$(PY) -m pytest -q -m 'not slow' $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) \
+		--dist loadgroup --no-loadscope-reorder)
 
 # The long suites, then every property test again with random seeds and more examples
 # (5,000 for the Spark decoder's): a failure there prints how to reproduce it.

@@ -100,6 +100,16 @@ def setup(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> It
     worker = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     log.close()
     try:
+        # the worker creates `live` once its interpreter is up, which on a busy machine takes
+        # seconds: the tests start from a group that exists
+        with LogHubClient(server.endpoint, "ak", "sk") as client:
+
+            def live() -> bool:
+                assert worker.poll() is None, (out / "worker.log").read_text()[-3000:]
+                groups = client.list_consumer_groups(PROJECT, "web")
+                return any(g.get("name") == "live" for g in groups)
+
+            wait_until(live)
         yield "web"
     finally:
         if worker.poll() is None:
