@@ -2,10 +2,30 @@
 recorded in the history (an ``invoke`` when it starts, an ``ok`` when it is lifted).
 
 The cluster is tests/cluster's (``LogHubCluster``: 3 etcd members, 3 ``loghub serve
---cluster`` nodes on loopback), with TCP proxies (proxy.py) in front of what can be cut:
+--cluster`` nodes) with a network the nemesis can cut, made one of two ways (run.py's
+``--network``; ``auto`` takes the first when it can run):
+
+netns (``NamespacedCluster``, netns.py; root only). Each node runs in a network namespace of
+its own (``ip netns exec``, which execs the server: the PID the harness kills and pauses is
+the server's), at 10.231.X.(10+i) on a bridge the run makes in the root namespace, where
+etcd (on the bridge's address 10.231.X.1), the clients and the checker stay. A cut is a set
+of nft rules in the victim's namespace, which drop packets; healing deletes them. The
+kernel cuts, as on a real network: it is what Jepsen does, and it needs no cooperation of
+the processes (a cut between nodes is a rule on their addresses, however they connect).
+The namespaces, veths and bridge carry the runner's PID in their names and are deleted at
+the end of the run however it ends; nothing else of the machine's network is touched.
+
+    clients, etcd ── bridge 10.231.X.1 ──veth── namespace of node i (10.231.X.(10+i))
+
+proxy (``ProxiedCluster``, proxy.py; no privilege). Every node on loopback behind TCP
+proxies in front of what can be cut:
 
     clients ──► proxy n{i} ──► node i          (also what node i advertises to its peers)
     node i  ──► proxy n{i}-e{j} ──► etcd member j   (one per node and member)
+
+A proxy holds bytes instead of dropping packets, and can tell a node's connections from a
+client's only by the PID behind them (``partition_replicas``); an isolated node's own
+connections to its peers' proxies stay open. The netns backend has neither limit.
 
 Faults (``FAULTS``); "random" targets and durations come from the generator, "busiest" and
 "leader" from the cluster's state at that moment:
@@ -17,8 +37,10 @@ Faults (``FAULTS``); "random" targets and durations come from the generator, "bu
     torn_tail              SIGKILL a node, tear the tail of the newest segment of one of its
                            shards, restart it: it must cut the torn record and nothing else
     partition_etcd         cut a node from every etcd member, both ways, past the TTL
+                           (netns: its packets to and from the members' client ports)
     partition_etcd_oneway  the same, one way: its requests held, or etcd's answers held
     isolate_node           cut a node from etcd and from clients and peers, past the TTL
+                           (netns: every packet of its namespace but loopback's)
 
 With replication (``--replication-factor`` above 1) three more, drawn only then; their
 targets come from the shards' replica records in etcd (``loghub.cluster.replicas``):
@@ -33,7 +55,8 @@ targets come from the shards' replica records in etcd (``loghub.cluster.replicas
                            healing
     partition_replicas     cut a node from its peers only (both ways), past the replica lag
                            bound: it still reaches etcd and clients, its followers cannot
-                           fetch from it and it cannot fetch from its leaders
+                           fetch from it and it cannot fetch from its leaders (netns: its
+                           packets to and from the other nodes' addresses)
 
 A torn tail is what a crash in the middle of a write leaves: a record whose last bytes never
 reached the disk. Cutting bytes off the last record as it is would tear a record that was
