@@ -320,7 +320,14 @@ def total(results: list[RunResult]) -> dict[str, object]:
     }  # fmt: skip
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    sys.exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM (a timeout, make interrupted) unwinds as Ctrl-C does: the cluster's processes
+    # are stopped and its network namespaces, veths and bridge deleted on the way out
+    signal.signal(signal.SIGTERM, _terminated)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=60.0)
