@@ -43,7 +43,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Namespaces", "namespaces", "remove_leftovers", "resolve_network", "unusable"]
+__all__ = [
+    "Namespaces",
+    "NetnsError",
+    "namespaces",
+    "remove_leftovers",
+    "resolve_network",
+    "unusable",
+]
 
 PREFIX = "lhn"
 # every name a run makes: lhn<pid>, a letter (b bridge, h/p veth ends, n namespace; t, u, v, w

@@ -55,7 +55,7 @@ from nemesis_checker import (  # noqa: E402
     leader_loss_failover,
     percentile,
 )
-from netns import NETWORKS, resolve_network  # noqa: E402
+from netns import NETWORKS, NetnsError, resolve_network  # noqa: E402
 from segments import Copy, copy_difference, read_copy  # noqa: E402
 
 from loghub.client import LogHubClient  # noqa: E402
@@ -348,7 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown faults {sorted(unknown)}; known: {','.join(FAULTS)}")
     seed = args.seed if args.seed is not None else int(os.environ.get("LOGHUB_SEED", "0") or 0)
     seed = seed or random.SystemRandom().randrange(1, 2**31)
-    network, why = resolve_network(args.network)  # once: every run uses the same backend
+    try:
+        network, why = resolve_network(args.network)  # once: every run uses the same backend
+    except NetnsError as exc:
+        parser.error(str(exc))
     print(f"nemesis: {args.runs} runs x {args.seconds:.0f} s, network {network} ({why}), "
           f"base seed {seed} (LOGHUB_SEED={seed} replays; run i uses seed {seed}+i)",
           flush=True)  # fmt: skip
