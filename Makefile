@@ -47,12 +47,14 @@ chaos: $(STAMP) system-deps
 # holds two values, or (replicated) a shard's replicas are not in sync and byte-identical after
 # healing. Three replicas of each shard by default (NEMESIS_REPLICATION_FACTOR=1: one copy,
 # moved by hand-overs). LOGHUB_SEED=... replays a schedule, NEMESIS_ARGS for more (--faults a,b).
+# NEMESIS_NETWORK: netns (namespaces and nft rules, root), proxy, or auto (netns when it can run).
 NEMESIS_RUNS ?= 100
 NEMESIS_SECONDS ?= 60
 NEMESIS_REPLICATION_FACTOR ?= 3
+NEMESIS_NETWORK ?= auto
 nemesis: $(STAMP) system-deps
 	$(PY) tests/nemesis/run.py --runs $(NEMESIS_RUNS) --seconds $(NEMESIS_SECONDS) \
-		--replication-factor $(NEMESIS_REPLICATION_FACTOR) $(NEMESIS_ARGS)
+		--replication-factor $(NEMESIS_REPLICATION_FACTOR) --network $(NEMESIS_NETWORK) $(NEMESIS_ARGS)
 
 # Every benchmark in benchmarks/ within BENCH_MINUTES (Redis and NATS beside LogHub, started
 # and stopped by the scripts), then BENCHMARKS.md with tables and charts from

@@ -1,11 +1,12 @@
 """A throwaway etcd cluster for tests: real ``etcd`` members (Debian's ``etcd-server``).
 
-``running_etcd(members=3)`` starts the members on free loopback ports, each with its own data
-directory, with pre-vote and short election timings (heartbeat 50 ms, election 500 ms: the
-settings measured to fail over in under a second here), waits until the cluster answers, and
-yields an ``EtcdCluster``. On exit it stops every member it started, by PID, and removes the
-directories. Members can be killed (SIGKILL), paused (SIGSTOP/SIGCONT) and restarted with
-their data by the tests.
+``running_etcd(members=3)`` starts the members on free loopback ports (or on free ports of
+``host``, an address of this machine: the nemesis's network namespaces reach etcd on their
+bridge's address), each with its own data directory, with pre-vote and short election
+timings (heartbeat 50 ms, election 500 ms: the settings measured to fail over in under a
+second here), waits until the cluster answers, and yields an ``EtcdCluster``. On exit it
+stops every member it started, by PID, and removes the directories. Members can be killed
+(SIGKILL), paused (SIGSTOP/SIGCONT) and restarted with their data by the tests.
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ def find_etcd() -> str:
     raise EtcdNotInstalled("etcd is missing: `make system-deps` installs Debian's etcd-server")
 
 
-def _free_ports(count: int) -> list[int]:
+def _free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     sockets = []
     try:
         for _ in range(count):
             sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
+            sock.bind((host, 0))
             sockets.append(sock)
         return [int(sock.getsockname()[1]) for sock in sockets]
     finally:
@@ -58,10 +59,15 @@ class Member:
     peer_port: int
     data_dir: Path
     proc: subprocess.Popen[bytes] | None = None
+    host: str = "127.0.0.1"  # the address both its ports listen on
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"http://{self.host}:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
 
 
 @dataclass
@@ -75,7 +81,7 @@ class EtcdCluster:
     @property
     def url(self) -> str:
         """``etcd://127.0.0.1:p1,127.0.0.1:p2,...`` as LogHub's --cluster takes it."""
-        return "etcd://" + ",".join(f"127.0.0.1:{m.client_port}" for m in self.members)
+        return "etcd://" + ",".join(f"{m.host}:{m.client_port}" for m in self.members)
 
     def start(self, member: Member, state: str = "new") -> None:
         log_path = self.base / f"{member.name}.log"
@@ -84,8 +90,8 @@ class EtcdCluster:
             self.binary, "--name", member.name, "--data-dir", str(member.data_dir),
             "--listen-client-urls", member.client_url,
             "--advertise-client-urls", member.client_url,
-            "--listen-peer-urls", f"http://127.0.0.1:{member.peer_port}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{member.peer_port}",
+            "--listen-peer-urls", member.peer_url,
+            "--initial-advertise-peer-urls", member.peer_url,
             "--initial-cluster", self.initial_cluster,
             "--initial-cluster-state", state, "--initial-cluster-token", self.base.name,
             "--pre-vote", "--heartbeat-interval", "50", "--election-timeout", "500",
@@ -164,14 +170,15 @@ def _health(member: Member) -> bool:
 
 
 @contextlib.contextmanager
-def running_etcd(members: int = 3) -> Iterator[EtcdCluster]:
+def running_etcd(members: int = 3, host: str = "127.0.0.1") -> Iterator[EtcdCluster]:
     binary = find_etcd()
     base = Path(tempfile.mkdtemp(prefix="loghub-etcd-"))
-    ports = _free_ports(2 * members)
+    ports = _free_ports(2 * members, host)
     cluster_members = [
-        Member(f"e{i}", ports[2 * i], ports[2 * i + 1], base / f"e{i}") for i in range(members)
+        Member(f"e{i}", ports[2 * i], ports[2 * i + 1], base / f"e{i}", host=host)
+        for i in range(members)
     ]
-    initial = ",".join(f"{m.name}=http://127.0.0.1:{m.peer_port}" for m in cluster_members)
+    initial = ",".join(f"{m.name}={m.peer_url}" for m in cluster_members)
     cluster = EtcdCluster(cluster_members, base, binary, initial)
     try:
         for member in cluster_members:

@@ -48,14 +48,18 @@ class LogHubCluster:
             args += ("--kafka-port", str(kafka_port), "--kafka-initial-rebalance-delay-ms", "100")
         return args + self.extra_args
 
-    def start_node(self, index: int) -> ServerProcess:
-        port = self.nodes[index].port if index < len(self.nodes) else free_port()
-        node = ServerProcess(
+    def server(self, index: int, port: int) -> ServerProcess:
+        """Node ``index``'s process, not started yet."""
+        return ServerProcess(
             self.base / f"node{index}",
             keys=self.keys,
             extra_args=self.node_args(index, port),
             port=port,
         )
+
+    def start_node(self, index: int) -> ServerProcess:
+        port = self.nodes[index].port if index < len(self.nodes) else free_port()
+        node = self.server(index, port)
         node.start()
         if index < len(self.nodes):
             self.nodes[index] = node
@@ -76,15 +80,7 @@ class LogHubCluster:
         if self.kafka:
             for index, kafka_port in enumerate(ports[count:], start=first):
                 self.kafka_ports.setdefault(index, kafka_port)
-        new = [
-            ServerProcess(
-                self.base / f"node{index}",
-                keys=self.keys,
-                extra_args=self.node_args(index, port),
-                port=port,
-            )
-            for index, port in enumerate(ports[:count], start=first)
-        ]
+        new = [self.server(index, port) for index, port in enumerate(ports[:count], start=first)]
         self.nodes.extend(new)  # listed first: whatever starts is stopped at the end
         with ThreadPoolExecutor(count) as pool:
             for future in [pool.submit(node.start) for node in new]:

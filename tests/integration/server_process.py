@@ -37,10 +37,16 @@ class ServerProcess:
         extra_args: tuple[str, ...] = (),
         port: int | None = None,
         ca_cert: Path | None = None,
+        host: str = "127.0.0.1",
+        command_prefix: tuple[str, ...] = (),
     ) -> None:
         """``ca_cert``: the server speaks https (its --tls-* flags are in ``extra_args``);
-        the health check trusts this CA."""
+        the health check trusts this CA. ``host``: the address it listens on and is reached
+        at. ``command_prefix``: a command that execs the server (``ip netns exec NS``, which
+        keeps the PID: the health check's PID must be the child's)."""
         self.data_dir = data_dir
+        self.host = host
+        self.command_prefix = command_prefix
         self.ca_cert = ca_cert
         self.keys = keys or {}
         self.extra_args = extra_args
@@ -50,7 +56,7 @@ class ServerProcess:
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -69,6 +75,7 @@ class ServerProcess:
 
     def _start_once(self, timeout_s: float) -> ServerProcess:
         args = [
+            *self.command_prefix,
             sys.executable,
             "-m",
             "loghub",
@@ -76,7 +83,7 @@ class ServerProcess:
             "--data-dir",
             str(self.data_dir),
             "--host",
-            "127.0.0.1",
+            self.host,
             "--port",
             str(self.port),
             *self.extra_args,

@@ -2,10 +2,30 @@
 recorded in the history (an ``invoke`` when it starts, an ``ok`` when it is lifted).
 
 The cluster is tests/cluster's (``LogHubCluster``: 3 etcd members, 3 ``loghub serve
---cluster`` nodes on loopback), with TCP proxies (proxy.py) in front of what can be cut:
+--cluster`` nodes) with a network the nemesis can cut, made one of two ways (run.py's
+``--network``; ``auto`` takes the first when it can run):
+
+netns (``NamespacedCluster``, netns.py; root only). Each node runs in a network namespace of
+its own (``ip netns exec``, which execs the server: the PID the harness kills and pauses is
+the server's), at 10.231.X.(10+i) on a bridge the run makes in the root namespace, where
+etcd (on the bridge's address 10.231.X.1), the clients and the checker stay. A cut is a set
+of nft rules in the victim's namespace, which drop packets; healing deletes them. The
+kernel cuts, as on a real network: it is what Jepsen does, and it needs no cooperation of
+the processes (a cut between nodes is a rule on their addresses, however they connect).
+The namespaces, veths and bridge carry the runner's PID in their names and are deleted at
+the end of the run however it ends; nothing else of the machine's network is touched.
+
+    clients, etcd ── bridge 10.231.X.1 ──veth── namespace of node i (10.231.X.(10+i))
+
+proxy (``ProxiedCluster``, proxy.py; no privilege). Every node on loopback behind TCP
+proxies in front of what can be cut:
 
     clients ──► proxy n{i} ──► node i          (also what node i advertises to its peers)
     node i  ──► proxy n{i}-e{j} ──► etcd member j   (one per node and member)
+
+A proxy holds bytes instead of dropping packets, and can tell a node's connections from a
+client's only by the PID behind them (``partition_replicas``); an isolated node's own
+connections to its peers' proxies stay open. The netns backend has neither limit.
 
 Faults (``FAULTS``); "random" targets and durations come from the generator, "busiest" and
 "leader" from the cluster's state at that moment:
@@ -17,8 +37,10 @@ Faults (``FAULTS``); "random" targets and durations come from the generator, "bu
     torn_tail              SIGKILL a node, tear the tail of the newest segment of one of its
                            shards, restart it: it must cut the torn record and nothing else
     partition_etcd         cut a node from every etcd member, both ways, past the TTL
+                           (netns: its packets to and from the members' client ports)
     partition_etcd_oneway  the same, one way: its requests held, or etcd's answers held
     isolate_node           cut a node from etcd and from clients and peers, past the TTL
+                           (netns: every packet of its namespace but loopback's)
 
 With replication (``--replication-factor`` above 1) three more, drawn only then; their
 targets come from the shards' replica records in etcd (``loghub.cluster.replicas``):
@@ -33,7 +55,8 @@ targets come from the shards' replica records in etcd (``loghub.cluster.replicas
                            healing
     partition_replicas     cut a node from its peers only (both ways), past the replica lag
                            bound: it still reaches etcd and clients, its followers cannot
-                           fetch from it and it cannot fetch from its leaders
+                           fetch from it and it cannot fetch from its leaders (netns: its
+                           packets to and from the other nodes' addresses)
 
 A torn tail is what a crash in the middle of a write leaves: a record whose last bytes never
 reached the disk. Cutting bytes off the last record as it is would tear a record that was
@@ -70,6 +93,7 @@ from clients import KEYS, LOGSTORE, PROJECT  # noqa: E402
 from cluster_nodes import NODE_TTL_S, LogHubCluster  # noqa: E402
 from etcd import running_etcd  # noqa: E402
 from history import HistoryFile, Op, now_ns  # noqa: E402
+from netns import Namespaces, namespaces  # noqa: E402
 from segments import RECORD_HEADER, SEGMENT_HEADER, walk  # noqa: E402
 from server_process import ServerProcess  # noqa: E402
 
@@ -80,7 +104,17 @@ from loghub.errors import LogHubError  # noqa: E402
 from loghub.wire.cursor import decode_cursor  # noqa: E402
 from loghub.wire.logs import parse_log_group_list  # noqa: E402
 
-__all__ = ["FAULTS", "Nemesis", "ProxiedCluster", "Proxies", "proxied_cluster"]
+__all__ = [
+    "FAULTS",
+    "NamespacedCluster",
+    "Nemesis",
+    "NemesisCluster",
+    "ProxiedCluster",
+    "Proxies",
+    "namespaced_cluster",
+    "nemesis_cluster",
+    "proxied_cluster",
+]
 
 FAULTS = (
     "kill_node",
@@ -153,11 +187,61 @@ class Proxies:
 
 
 @dataclass
-class ProxiedCluster(LogHubCluster):
-    """tests/cluster's cluster, each node reaching etcd through its own proxies and reached
-    (by clients and peers) through one."""
+class NemesisCluster(LogHubCluster):
+    """tests/cluster's cluster with a network the nemesis can cut: each backend says how a
+    node is reached and makes the cuts (ProxiedCluster, NamespacedCluster)."""
+
+    network = "none"
+
+    def endpoint(self, index: int) -> str:
+        """Where clients and peers reach node ``index``."""
+        return self.nodes[index].endpoint
+
+    def cut_etcd(self, index: int, direction: str = "both") -> None:
+        """Node ``index`` from every etcd member: its requests (``up``), their answers
+        (``down``), or both."""
+        raise NotImplementedError
+
+    def isolate(self, index: int) -> None:
+        """Node ``index`` from etcd, clients and peers."""
+        raise NotImplementedError
+
+    def cut_peers(self, index: int) -> None:
+        """Node ``index`` from the other nodes, both ways; etcd and clients still reach it."""
+        raise NotImplementedError
+
+    def heal_network(self) -> None:
+        raise NotImplementedError
+
+    def alive(self, index: int) -> bool:
+        proc = self.nodes[index].proc
+        return proc is not None and proc.poll() is None
+
+    def replica_records(self) -> dict[int, ReplicaRecord]:
+        """The logstore's replica records (shard id -> record), read from etcd directly
+        (never through a cut); empty without replication."""
+
+        async def read() -> dict[int, ReplicaRecord]:
+            async with EtcdStore(self.etcd.url) as store:
+                found, _revision = await read_replica_records_at(store)
+            return {k[2]: r for k, r in found.items() if k[:2] == (PROJECT, LOGSTORE)}
+
+        return asyncio.run(read())
+
+    def shard_dir(self, index: int, shard_id: int) -> Path | None:
+        """Node ``index``'s directory of a shard of the logstore (None: it has none)."""
+        base = self.nodes[index].data_dir / "shards" / PROJECT
+        found = sorted(d for d in base.glob(f"{LOGSTORE}-*/{shard_id}") if d.is_dir())
+        return found[-1] if found else None
+
+
+@dataclass
+class ProxiedCluster(NemesisCluster):
+    """Each node reaching etcd through its own proxies and reached (by clients and peers)
+    through one; cuts are made in the proxies."""
 
     proxies: Proxies | None = None
+    network = "proxy"
 
     def node_args(self, index: int, port: int) -> tuple[str, ...]:
         assert self.proxies is not None
@@ -182,26 +266,85 @@ class ProxiedCluster(LogHubCluster):
     def etcd_links(self, index: int) -> list[str]:
         return [f"n{index}-e{j}" for j in range(len(self.etcd.members))]
 
-    def alive(self, index: int) -> bool:
-        proc = self.nodes[index].proc
-        return proc is not None and proc.poll() is None
+    def cut_etcd(self, index: int, direction: str = "both") -> None:
+        assert self.proxies is not None
+        self.proxies.cut(self.etcd_links(index), direction)
 
-    def replica_records(self) -> dict[int, ReplicaRecord]:
-        """The logstore's replica records (shard id -> record), read from etcd directly
-        (not through the proxies, which may be cut); empty without replication."""
+    def isolate(self, index: int) -> None:
+        """Its own proxy (clients and peers to it) and its etcd links; its connections to
+        its peers' proxies are not told apart from theirs and stay open."""
+        assert self.proxies is not None
+        self.proxies.cut([f"n{index}", *self.etcd_links(index)], "both")
 
-        async def read() -> dict[int, ReplicaRecord]:
-            async with EtcdStore(self.etcd.url) as store:
-                found, _revision = await read_replica_records_at(store)
-            return {k[2]: r for k, r in found.items() if k[:2] == (PROJECT, LOGSTORE)}
+    def cut_peers(self, index: int) -> None:
+        """One proxy per node, cut per source process: its peers' connections through its
+        proxy, and its own through theirs."""
+        assert self.proxies is not None
+        me = f"n{index}"
+        peers = [f"n{i}" for i in range(len(self.nodes)) if i != index]
+        self.proxies.cut([me], "both", sources=peers)
+        self.proxies.cut(peers, "both", sources=[me])
 
-        return asyncio.run(read())
+    def heal_network(self) -> None:
+        assert self.proxies is not None
+        self.proxies.heal()
 
-    def shard_dir(self, index: int, shard_id: int) -> Path | None:
-        """Node ``index``'s directory of a shard of the logstore (None: it has none)."""
-        base = self.nodes[index].data_dir / "shards" / PROJECT
-        found = sorted(d for d in base.glob(f"{LOGSTORE}-*/{shard_id}") if d.is_dir())
-        return found[-1] if found else None
+
+@dataclass
+class NamespacedCluster(NemesisCluster):
+    """Each node in a network namespace of its own (netns.py), at its namespace's address,
+    which it advertises and where clients and peers reach it; etcd listens on the bridge's
+    address. Cuts are nft rules in the node's namespace."""
+
+    namespaces: Namespaces | None = None
+    network = "netns"
+
+    def node_args(self, index: int, port: int) -> tuple[str, ...]:
+        assert self.namespaces is not None
+        args = list(super().node_args(index, port))
+        args[args.index("--advertise") + 1] = f"{self.namespaces.address(index)}:{port}"
+        return tuple(args)
+
+    def server(self, index: int, port: int) -> ServerProcess:
+        """Started by ``ip netns exec``, which execs it: the PID the harness kills, pauses
+        and checks against /health is the server's. A restart reuses the namespace, hence
+        the address, and the port."""
+        assert self.namespaces is not None
+        return ServerProcess(
+            self.base / f"node{index}",
+            keys=self.keys,
+            extra_args=self.node_args(index, port),
+            port=port,
+            host=self.namespaces.address(index),
+            command_prefix=self.namespaces.exec_prefix(index),
+        )
+
+    def _etcd_ports(self) -> list[int]:
+        return [member.client_port for member in self.etcd.members]
+
+    def cut_etcd(self, index: int, direction: str = "both") -> None:
+        assert self.namespaces is not None
+        self.namespaces.cut_etcd(index, self._etcd_ports(), direction)
+
+    def isolate(self, index: int) -> None:
+        assert self.namespaces is not None
+        self.namespaces.isolate(index)
+
+    def cut_peers(self, index: int) -> None:
+        assert self.namespaces is not None
+        self.namespaces.cut_peers(index)
+
+    def heal_network(self) -> None:
+        assert self.namespaces is not None
+        self.namespaces.heal()
+
+
+def _stop_nodes(cluster: NemesisCluster) -> None:
+    for node in cluster.nodes:
+        with contextlib.suppress(ProcessLookupError):
+            if node.proc is not None and node.proc.poll() is None:
+                os.kill(node.proc.pid, signal.SIGCONT)
+        node.kill()
 
 
 @contextlib.contextmanager
@@ -222,12 +365,35 @@ def proxied_cluster(
                 cluster.start_node(index)
             yield cluster
         finally:
-            for node in cluster.nodes:
-                with contextlib.suppress(ProcessLookupError):
-                    if node.proc is not None and node.proc.poll() is None:
-                        os.kill(node.proc.pid, signal.SIGCONT)
-                node.kill()
+            _stop_nodes(cluster)
             proxies.stop()
+
+
+@contextlib.contextmanager
+def namespaced_cluster(
+    base: Path, nodes: int = 3, extra_args: tuple[str, ...] = ()
+) -> Iterator[NamespacedCluster]:
+    """As tests/cluster's ``running_cluster``, each node in its own network namespace
+    (root only: netns.py); the nodes and etcd members are stopped by PID, then the
+    namespaces, veths and bridge are deleted, however the run ends."""
+    with namespaces(nodes) as made, running_etcd(3, host=made.bridge_address) as etcd:
+        cluster = NamespacedCluster(etcd, [], base, dict(KEYS), extra_args=extra_args,
+                                    namespaces=made)  # fmt: skip
+        try:
+            cluster.start_new_nodes(nodes)  # side by side: no proxy waits for their PIDs
+            yield cluster
+        finally:
+            _stop_nodes(cluster)
+
+
+def nemesis_cluster(
+    base: Path, network: str, nodes: int = 3, extra_args: tuple[str, ...] = ()
+) -> contextlib.AbstractContextManager[NemesisCluster]:
+    """The cluster of ``network``'s backend: "netns" or "proxy" (resolved already)."""
+    assert network in ("netns", "proxy"), network
+    if network == "netns":
+        return namespaced_cluster(base, nodes, extra_args)
+    return proxied_cluster(base, nodes, extra_args)
 
 
 def tear_tail(shard_dir: Path, rng: random.Random) -> dict[str, Any] | None:
@@ -317,7 +483,7 @@ class Nemesis:
     """Injects faults from ``rng`` until ``stop_ns``; ``heal`` then brings everything back.
     Runs in one thread of the harness; the history is its own file."""
 
-    cluster: ProxiedCluster
+    cluster: NemesisCluster
     rng: random.Random
     faults: tuple[str, ...]
     history: HistoryFile
@@ -505,15 +671,11 @@ class Nemesis:
         return {**fault.detail, "shard": shard, "flipped": flipped}
 
     def _partition_replicas(self, fault: Injection) -> None:
-        """The target's connections to its peers and theirs to it are held; clients and
-        etcd still reach everyone (one proxy per node, cut per source process)."""
-        assert self.cluster.proxies is not None
-        me = f"n{fault.target}"
-        peers = [f"n{i}" for i in range(len(self.cluster.nodes)) if i != fault.target]
-        self.cluster.proxies.cut([me], "both", sources=peers)
-        self.cluster.proxies.cut(peers, "both", sources=[me])
+        """The target's traffic with its peers is cut both ways; clients and etcd still
+        reach everyone."""
+        self.cluster.cut_peers(fault.target)
         time.sleep(fault.hold_s)
-        self.cluster.proxies.heal()
+        self.cluster.heal_network()
 
     def _pause_node(self, fault: Injection) -> None:
         pid = self.cluster.nodes[fault.target].pid
@@ -535,19 +697,15 @@ class Nemesis:
 
     def _partition_etcd(self, fault: Injection) -> dict[str, Any]:
         direction = fault.rng.choice(("up", "down")) if fault.kind.endswith("oneway") else "both"
-        assert self.cluster.proxies is not None
-        self.cluster.proxies.cut(self.cluster.etcd_links(fault.target), direction)
+        self.cluster.cut_etcd(fault.target, direction)
         time.sleep(fault.hold_s)
-        self.cluster.proxies.heal()
+        self.cluster.heal_network()
         return {**fault.detail, "direction": direction}
 
     def _isolate_node(self, fault: Injection) -> None:
-        assert self.cluster.proxies is not None
-        self.cluster.proxies.cut(
-            [f"n{fault.target}", *self.cluster.etcd_links(fault.target)], "both"
-        )
+        self.cluster.isolate(fault.target)
         time.sleep(fault.hold_s)
-        self.cluster.proxies.heal()
+        self.cluster.heal_network()
 
     def _restart(self, target: int) -> None:
         """Starts a killed node again with its data. A node started within a TTL of its
@@ -566,10 +724,9 @@ class Nemesis:
 
     def heal(self, settle_s: float) -> None:
         """Everything back: nodes resumed or restarted with their data, etcd members
-        restarted, proxies healed; then until the cluster has placed every shard and
+        restarted, the network healed; then until the cluster has placed every shard and
         nothing waits for a node, and ``settle_s`` more."""
-        assert self.cluster.proxies is not None
-        self.cluster.proxies.heal()
+        self.cluster.heal_network()
         for index in sorted(self.paused):
             os.kill(self.cluster.nodes[index].pid, signal.SIGCONT)
         self.paused.clear()

@@ -1,10 +1,15 @@
 """Nemesis runs against a real LogHub cluster, each checked from its history.
 
     python tests/nemesis/run.py --runs N --seconds S [--seed X] [--faults a,b,...]
-        [--writers 2] [--settle 3] [--keep DIR]
+        [--writers 2] [--settle 3] [--keep DIR] [--network auto|netns|proxy]
 
 (``make nemesis`` runs 100 x 60 s.) A run starts 3 etcd members and 3 ``loghub serve
---cluster`` nodes behind TCP proxies (nemesis.py), makes a logstore of 6 shards, starts
+--cluster`` nodes whose network the nemesis can cut (nemesis.py): each node in a network
+namespace of its own, cut by nft rules (``--network netns``, root only: netns.py), or on
+loopback behind TCP proxies (``--network proxy``: proxy.py). ``auto``, the default, is
+netns when this process is root and a throwaway namespace with a veth pair, a bridge and an
+nft table can be made, else proxy; the header says which and why. It makes a logstore of 6
+shards, starts
 writers (LogHub's client and the official SDK, ``--writers`` of each) and a reader, and
 injects faults for ``--seconds``. Then it heals everything, lets the writers go on through
 the settle period, stops them, reads every shard through every node and runs the checker.
@@ -38,7 +43,7 @@ sys.path.insert(0, str(_HERE))
 
 from clients import KEYS, LOGSTORE, PROJECT, read_everything  # noqa: E402
 from history import HistoryFile, Op, now_ns, read_history  # noqa: E402
-from nemesis import FAULTS, REPLICATED_FAULTS, Nemesis, ProxiedCluster, proxied_cluster  # noqa: E402
+from nemesis import FAULTS, REPLICATED_FAULTS, Nemesis, NemesisCluster, nemesis_cluster  # noqa: E402
 from nemesis_checker import (  # noqa: E402
     Report,
     check,
@@ -50,6 +55,7 @@ from nemesis_checker import (  # noqa: E402
     leader_loss_failover,
     percentile,
 )
+from netns import NETWORKS, NetnsError, resolve_network  # noqa: E402
 from segments import Copy, copy_difference, read_copy  # noqa: E402
 
 from loghub.client import LogHubClient  # noqa: E402
@@ -72,6 +78,8 @@ class Options:
     keep: Path | None = None
     # copies of each shard (``--replication-factor``); 1: one copy, moved by hand-overs
     replication_factor: int = 1
+    # how partitions are made: "netns" (root), "proxy", or "auto" (netns when it can run)
+    network: str = "auto"
 
 
 @dataclass
@@ -85,7 +93,7 @@ class RunResult:
 
 
 def _start_clients(
-    cluster: ProxiedCluster, options: Options, base: Path
+    cluster: NemesisCluster, options: Options, base: Path
 ) -> list[subprocess.Popen[bytes]]:
     nodes = ",".join(cluster.endpoint(i) for i in range(len(cluster.nodes)))
     script = str(_HERE / "clients.py")
@@ -131,10 +139,13 @@ def run_once(options: Options, log: Callable[[str], None] = print) -> RunResult:
     its histories, final reads and server logs (not the shards' files); so does a run that
     raised, whose directory is named in the log."""
     started = time.monotonic()
+    network, why = resolve_network(options.network)
     base = Path(tempfile.mkdtemp(prefix="loghub-nemesis-"))
-    log(f"run seed {options.seed} ({options.seconds:.0f} s, faults {','.join(options.faults)})")
+    how = network if why == "asked" else f"{network} ({why})"
+    log(f"run seed {options.seed} ({options.seconds:.0f} s, faults {','.join(options.faults)}, "
+        f"network {how})")  # fmt: skip
     try:
-        result = _run(options, base, log)
+        result = _run(options, network, base, log)
     except BaseException:
         log(f"  the run failed; its files are in {base}")
         raise
@@ -150,12 +161,12 @@ def run_once(options: Options, log: Callable[[str], None] = print) -> RunResult:
     return result
 
 
-def _run(options: Options, base: Path, log: Callable[[str], None]) -> RunResult:
+def _run(options: Options, network: str, base: Path, log: Callable[[str], None]) -> RunResult:
     (base / "cluster").mkdir()
     replicated = options.replication_factor > 1
     faults = tuple(f for f in options.faults if replicated or f not in REPLICATED_FAULTS)
     extra = ("--replication-factor", str(options.replication_factor))
-    with proxied_cluster(base / "cluster", extra_args=extra) as cluster:
+    with nemesis_cluster(base / "cluster", network, extra_args=extra) as cluster:
         with LogHubClient(cluster.nodes[0].endpoint, *next(iter(KEYS.items()))) as client:
             client.create_project(PROJECT, "writes under faults")
             client.create_logstore(PROJECT, LOGSTORE, shard_count=SHARDS)
@@ -199,7 +210,7 @@ def _run(options: Options, base: Path, log: Callable[[str], None]) -> RunResult:
 
 
 def _settled_replicas(
-    cluster: ProxiedCluster, log: Callable[[str], None]
+    cluster: NemesisCluster, log: Callable[[str], None]
 ) -> tuple[dict[int, str], dict[int, dict[str, Copy | None]], list[str], float]:
     """After healing, with the writers stopped: waits (REPLICA_ISR_WAIT_S at most) until
     every shard's ISR holds all its replicas, then (REPLICA_COPY_WAIT_S at most) until each
@@ -309,7 +320,14 @@ def total(results: list[RunResult]) -> dict[str, object]:
     }  # fmt: skip
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    sys.exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM (a timeout, make interrupted) unwinds as Ctrl-C does: the cluster's processes
+    # are stopped and its network namespaces, veths and bridge deleted on the way out
+    signal.signal(signal.SIGTERM, _terminated)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=60.0)
@@ -319,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=3.0)
     parser.add_argument("--keep", type=Path, default=None, help="copy each run's histories here")
     parser.add_argument("--replication-factor", type=int, default=1, help="copies of each shard")
+    parser.add_argument("--network", choices=NETWORKS, default="auto",
+                        help="how partitions are made: network namespaces and nft rules "
+                             "(netns, root only), userspace TCP proxies (proxy), or netns when "
+                             "it can run (auto)")  # fmt: skip
     args = parser.parse_args(argv)
     faults = tuple(f for f in args.faults.split(",") if f)
     unknown = set(faults) - set(FAULTS)
@@ -326,13 +348,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown faults {sorted(unknown)}; known: {','.join(FAULTS)}")
     seed = args.seed if args.seed is not None else int(os.environ.get("LOGHUB_SEED", "0") or 0)
     seed = seed or random.SystemRandom().randrange(1, 2**31)
-    print(f"nemesis: {args.runs} runs x {args.seconds:.0f} s, base seed {seed} "
-          f"(LOGHUB_SEED={seed} replays; run i uses seed {seed}+i)", flush=True)  # fmt: skip
+    try:
+        network, why = resolve_network(args.network)  # once: every run uses the same backend
+    except NetnsError as exc:
+        parser.error(str(exc))
+    print(f"nemesis: {args.runs} runs x {args.seconds:.0f} s, network {network} ({why}), "
+          f"base seed {seed} (LOGHUB_SEED={seed} replays; run i uses seed {seed}+i)",
+          flush=True)  # fmt: skip
     results = []
     for run in range(args.runs):
         keep = args.keep / f"run-{seed + run}" if args.keep else None
         options = Options(args.seconds, seed + run, faults, args.writers, args.settle, keep,
-                          args.replication_factor)  # fmt: skip
+                          args.replication_factor, network)  # fmt: skip
         result = run_once(options, log=lambda line: print(line, flush=True))
         results.append(result)
         print(format_report(result.report), flush=True)
