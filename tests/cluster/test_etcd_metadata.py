@@ -371,10 +371,52 @@ def test_opening_on_an_etcd_that_does_not_answer_is_a_control_plane_error() -> N
         start = time.monotonic()
         with pytest.raises(ControlPlaneError):
             EtcdMetadataStore(
-                f"etcd://127.0.0.1:{port}", FakeClock(), call_timeout_s=0.2, retry_budget_s=0.5
+                f"etcd://127.0.0.1:{port}",
+                FakeClock(),
+                call_timeout_s=0.2,
+                retry_budget_s=0.5,
+                startup_wait_s=1.0,
             )
     assert time.monotonic() - start < 5
     assert "loghub-etcd-metadata" not in {t.name for t in threading.enumerate()}
+
+
+def test_opening_waits_for_an_etcd_that_answers_late() -> None:
+    """A node started while its etcd is down (restarting, electing, slow under load) comes
+    up once etcd answers, within the startup wait, instead of exiting at the first call's
+    retry budget."""
+    with running_etcd(members=1) as etcd:
+        member = etcd.members[0]
+        etcd.kill(member)
+        opened: list[EtcdMetadataStore | BaseException] = []
+
+        def open_store() -> None:
+            try:
+                opened.append(
+                    EtcdMetadataStore(
+                        etcd.url,
+                        FakeClock(),
+                        call_timeout_s=0.3,
+                        retry_budget_s=0.6,
+                        startup_wait_s=30.0,
+                    )  # fmt: skip
+                )
+            except BaseException as exc:  # noqa: BLE001 (reported below)
+                opened.append(exc)
+
+        thread = threading.Thread(target=open_store)
+        thread.start()
+        time.sleep(2.0)  # past the retry budget of one call: the old code had given up
+        assert not opened, opened
+        etcd.restart(member)
+        thread.join(timeout=40)
+        assert opened and isinstance(opened[0], EtcdMetadataStore), opened
+        store = opened[0]
+        try:
+            store.create_project("late")
+            assert store.get_project("late").name == "late"
+        finally:
+            store.close()
 
 
 def _run(etcd: EtcdCluster, call: Callable[[EtcdStore], Any]) -> Any:

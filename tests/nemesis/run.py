@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -356,11 +357,19 @@ def main(argv: list[str] | None = None) -> int:
           f"base seed {seed} (LOGHUB_SEED={seed} replays; run i uses seed {seed}+i)",
           flush=True)  # fmt: skip
     results = []
+    aborted: list[str] = []  # runs that raised: no verdict, and the campaign fails
     for run in range(args.runs):
         keep = args.keep / f"run-{seed + run}" if args.keep else None
         options = Options(args.seconds, seed + run, faults, args.writers, args.settle, keep,
                           args.replication_factor, network)  # fmt: skip
-        result = run_once(options, log=lambda line: print(line, flush=True))
+        try:
+            result = run_once(options, log=lambda line: print(line, flush=True))
+        except Exception as exc:  # noqa: BLE001 (the next runs still tell what they find)
+            traceback.print_exc()
+            aborted.append(f"seed {seed + run}: {type(exc).__name__}: {str(exc)[:300]}")
+            print(f"  run {run + 1}/{args.runs} seed {seed + run}: ABORTED, no verdict",
+                  flush=True)  # fmt: skip
+            continue
         results.append(result)
         print(format_report(result.report), flush=True)
         print(f"  summary: {result.report.summary()}", flush=True)
@@ -376,7 +385,11 @@ def main(argv: list[str] | None = None) -> int:
     if "replicas" in totals:
         print(f"replicas byte-identical after healing: {totals['replicas']}; "
               f"flipped bytes: {totals['flipped_bytes']}", flush=True)  # fmt: skip
-    return 0 if all(r.report.valid for r in results) else 1
+    if aborted:
+        print(f"aborted runs (no verdict): {len(aborted)}", flush=True)
+        for line in aborted:
+            print(f"  {line}", flush=True)
+    return 0 if all(r.report.valid for r in results) and not aborted else 1
 
 
 if __name__ == "__main__":

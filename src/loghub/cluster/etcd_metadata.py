@@ -64,6 +64,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
@@ -129,6 +130,12 @@ __all__ = [
 
 log = logging.getLogger("loghub.cluster")
 
+# how long a node that starts waits for etcd to answer its first read before it gives up:
+# longer than one call's retry budget, so that a node started while etcd elects a leader,
+# restarts a member or is slow under load comes up a few seconds late instead of exiting
+# (Kafka's broker waits zookeeper.connection.timeout.ms, 18 s, for its control plane)
+STARTUP_WAIT_S = 30.0
+
 DEFAULT_PREFIX = "/loghub/meta/"
 # etcd refuses a request over 1.5 MiB (--max-request-bytes); a record stays well below.
 value_bytes_max = 1024 * 1024
@@ -184,8 +191,10 @@ class EtcdMetadataStore:
         prefix: str = DEFAULT_PREFIX,
         call_timeout_s: float = 2.0,
         retry_budget_s: float = 6.0,
+        startup_wait_s: float = STARTUP_WAIT_S,
     ) -> None:
-        """Use ``EtcdMetadataStore.open``; this connects and loads everything."""
+        """Use ``EtcdMetadataStore.open``; this connects and loads everything, waiting up
+        to ``startup_wait_s`` for etcd to answer (see STARTUP_WAIT_S)."""
         assert prefix.endswith("/"), prefix
         self._clock = clock
         self._prefix = prefix
@@ -207,7 +216,17 @@ class EtcdMetadataStore:
         self._watcher: Future[None] | None = None
         try:
             self._call(self._etcd.__aenter__())
-            self._call(self._reload())
+            deadline = time.monotonic() + startup_wait_s
+            while True:
+                try:
+                    self._call(self._reload())
+                    break
+                except ControlPlaneError as exc:
+                    if time.monotonic() >= deadline:
+                        raise
+                    log.warning("etcd at %s did not answer the first read (%s); trying again "
+                                "for up to %.0f s", url, exc, startup_wait_s)  # fmt: skip
+                    time.sleep(0.5)
         except BaseException:
             self.close()
             raise

@@ -476,7 +476,13 @@ class ClusterRouting:
         self, node: NodeInfo, key: ShardKey, request: FetchRequest, wait_ms: int, bytes_max: int
     ) -> FetchAnswer:
         """A follower's fetch sent to the leader on ``node``: a signed GET of the shard
-        with ``type=replica``; the records come as the body, the rest as headers."""
+        with ``type=replica``; the records come as the body, the rest as headers.
+
+        A fetch not answered within its wait plus the replica lag bound is given up and
+        sent again on a new connection: by then the follower has left the ISR anyway, and a
+        connection whose packets a partition dropped would otherwise wait for TCP's
+        retransmission backoff, seconds after the network healed, while writes to the
+        shard are refused for want of in-sync replicas."""
         project, logstore, shard_id = key
         path = f"/logstores/{logstore}/shards/{shard_id}"
         query = [
@@ -490,7 +496,15 @@ class ClusterRouting:
             ("bytesMax", str(bytes_max)),
         ]
         reply = await self._signed_call(
-            "GET", node, project, path, query, b"", {}, "fetch", timeout_s=wait_ms / 1000 + 10
+            "GET",
+            node,
+            project,
+            path,
+            query,
+            b"",
+            {},
+            "fetch",
+            timeout_s=self._fetch_timeout_s(wait_ms),
         )
         found = reply.headers
         diverging = None
@@ -504,6 +518,10 @@ class ClusterRouting:
             diverging,
             reply.content,
         )
+
+    def _fetch_timeout_s(self, wait_ms: int) -> float:
+        assert self.replication is not None
+        return (wait_ms + self.replication.settings.replica_lag_ms) / 1000
 
     def is_local(self, project: str, logstore: str, shard_id: int) -> bool:
         assert self.agent is not None

@@ -14,6 +14,7 @@ import errno
 import logging
 import math
 import socket
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,15 +79,26 @@ def with_cluster_keys(config: ServerConfig) -> ServerConfig:
         return config
     import asyncio
 
+    from loghub.cluster.etcd_metadata import STARTUP_WAIT_S
     from loghub.cluster.etcd_store import EtcdStore
     from loghub.cluster.keys import resolve_keys
+    from loghub.errors import ControlPlaneError
 
     offered = keys_document(config.keys, config.key_grants) if config.keys else None
 
     async def resolve() -> dict[str, Any]:
         assert config.cluster is not None
+        deadline = time.monotonic() + STARTUP_WAIT_S
         async with EtcdStore(config.cluster.url) as store:
-            return await resolve_keys(store, offered)
+            while True:
+                try:
+                    return await resolve_keys(store, offered)
+                except ControlPlaneError as exc:
+                    if time.monotonic() >= deadline:
+                        raise
+                    log.warning("etcd did not answer (%s); trying again for up to %.0f s",
+                                exc, STARTUP_WAIT_S)  # fmt: skip
+                    await asyncio.sleep(0.5)
 
     entries = parse_keys_document(asyncio.run(resolve()), "the cluster's keys in etcd")
     keys, grants = split_keys(entries)
