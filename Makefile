@@ -28,7 +28,7 @@ run: $(STAMP) system-deps
 TEST_WORKERS ?= 2
 test: $(STAMP) system-deps
 	$(PY) -m pytest -q -m 'not slow' $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) \
-		--dist loadgroup --no-loadscope-reorder)
+		--dist loadscope --no-loadscope-reorder)
 
 # The long suites, then every property test again with random seeds and more examples
 # (5,000 for the Spark decoder's): a failure there prints how to reproduce it.

@@ -478,12 +478,8 @@ def test_history_files_merge_in_time_order_and_an_unfinished_op_reads_as_info(
     assert pairs == {"a": "ok", "b": "info"}
 
 
-@pytest.mark.parametrize(
-    "run",
-    # each run its own unit of work under `make test`'s two workers (tests/conftest.py)
-    [pytest.param(run, marks=pytest.mark.xdist_group(f"nemesis-run-{run}"))
-     for run in range(SHORT_RUNS)],
-)  # fmt: skip
+# each run is a unit of work of its own under `make test`'s two workers (tests/conftest.py)
+@pytest.mark.parametrize("run", range(SHORT_RUNS))
 def test_short_nemesis_run_loses_no_acknowledged_write(run: int) -> None:
     """30 s of every fault (node and leader SIGKILLs, SIGSTOP past the node TTL, etcd leader
     kills, partitions between nodes, etcd and replicas, torn tails, a flipped byte on a
