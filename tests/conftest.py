@@ -67,20 +67,20 @@ UNIT_SECONDS: dict[str, float] = {
 OWN_UNIT_SECONDS = 45.0  # one nemesis run
 
 
+def _own_unit(nodeid: str) -> bool:
+    return nodeid.split("[", 1)[0] in OWN_UNITS
+
+
 def unit_of(nodeid: str) -> str:
     """The unit of work a test belongs to (see above), from its node id."""
     path = nodeid.split("::", 1)[0]
     if path.startswith("tests/spark/"):
         return "spark"
-    if nodeid.split("[", 1)[0] in OWN_UNITS:
-        return nodeid
-    return path
+    return nodeid if _own_unit(nodeid) else path
 
 
 def _seconds(unit: str) -> float:
-    if unit.split("[", 1)[0] in OWN_UNITS:
-        return OWN_UNIT_SECONDS
-    return UNIT_SECONDS.get(unit, 0.0)
+    return OWN_UNIT_SECONDS if _own_unit(unit) else UNIT_SECONDS.get(unit, 0.0)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:

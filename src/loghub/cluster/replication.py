@@ -82,6 +82,9 @@ log = logging.getLogger("loghub.cluster")
 # how long a node keeps its copy of a shard a reassignment moved away before deleting it:
 # requests that reached it while it still led or followed the shard finish first
 REMOVED_COPY_GRACE_S = 5.0
+# how long a deposed leadership's writes may take to finish appending before this node
+# follows the shard (or deletes its copy) regardless
+DEPOSED_WRITES_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -389,9 +392,8 @@ class ReplicaManager:
                     or key in self._leading
                 ):
                     return
-                deposed = self._deposed.pop(key, None)
-                while deposed is not None and deposed.inflight > 0:
-                    await asyncio.sleep(0.005)
+                if not await self._deposed_writes_done(key):
+                    return  # a write still appending: the next start looks again
                 if await asyncio.to_thread(self._logs.drop_replica_log, *key):
                     log.info(
                         "%s/%s shard %d: deleted this node's copy (the shard's replicas are "
@@ -401,6 +403,17 @@ class ReplicaManager:
             log.warning("%s: could not delete the copy of a shard moved away: %s", key, exc)
         finally:
             self._removals.pop(key, None)
+
+    async def _deposed_writes_done(self, key: ShardKey) -> bool:
+        """Waits (up to DEPOSED_WRITES_WAIT_S) until the writes of this node's deposed
+        leadership of the shard, if any, are done appending; whether they are."""
+        deposed = self._deposed.pop(key, None)
+        if deposed is None:
+            return True
+        deadline = time.monotonic() + DEPOSED_WRITES_WAIT_S
+        while deposed.inflight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        return deposed.inflight == 0
 
     def _depose(self, key: ShardKey, record: ReplicaRecord | None) -> None:
         leading = self._leading.pop(key)
@@ -681,11 +694,7 @@ class ReplicaManager:
     # --- the follower's side -------------------------------------------------------------
 
     async def _follow(self, key: ShardKey) -> None:
-        deposed = self._deposed.pop(key, None)
-        if deposed is not None:
-            deadline = time.monotonic() + 60
-            while deposed.inflight > 0 and time.monotonic() < deadline:
-                await asyncio.sleep(0.005)
+        await self._deposed_writes_done(key)
         backoff = 0.05
         shard_log: ShardLog | None = None
         while not self._closed and not self._leaving:
