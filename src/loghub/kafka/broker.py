@@ -1065,19 +1065,30 @@ class Broker:
         return NONE
 
     def _children_from_start(
-        self, located: tuple[str, str], found: Mapping[int, Any]
+        self, located: tuple[str, str], found: Mapping[int, Any], group_id: str
     ) -> dict[int, Any]:
-        """A shard born of a split or merge, without a commit of its own in a group that has
-        committed on the logstore, reads as committed at its start: with the clients' default
-        ``auto.offset.reset=latest`` the group would otherwise skip what was written to it
-        before a member got it."""
+        """A shard born of a split or merge, without a commit of its own, reads as committed
+        at its start when the group was there before it: it has committed on the logstore, or
+        this coordinator saw it form no later than the shard's creation second. With the
+        clients' default ``auto.offset.reset=latest`` the group would otherwise skip what was
+        written to the child before a member got it; and a group whose first commit had not
+        landed yet when the split came (a commit times out on a loaded machine) is such a
+        group too. A group formed after the split starts by its reset policy, as on any
+        partition that existed before it."""
+        group = self.coordinator.describe(group_id)
+        formed_s = None if group is None else group.formed_wall_ms // 1000
+        if not found and formed_s is None:
+            return {}
         starts: dict[int, Any] = {}
         for shard in self.service.list_shards(*located):
-            if shard.parents and shard.shard_id not in found:
-                begin = 0  # a shard held elsewhere: its start, where retention has not been
-                if self._holds(located, shard.shard_id):
-                    begin, _end = self.service.shard_range(*located, shard.shard_id)
-                starts[shard.shard_id] = _StartOfShard(begin)
+            if not shard.parents or shard.shard_id in found:
+                continue
+            if not found and (formed_s is None or shard.created_at_s < formed_s):
+                continue
+            begin = 0  # a shard held elsewhere: its start, where retention has not been
+            if self._holds(located, shard.shard_id):
+                begin, _end = self.service.shard_range(*located, shard.shard_id)
+            starts[shard.shard_id] = _StartOfShard(begin)
         return starts
 
     def _holds(self, located: tuple[str, str], shard_id: int) -> bool:
@@ -1141,9 +1152,11 @@ class Broker:
         for topic in topics:
             located = self._locate(topic["Name"], session)
             try:
-                found = {} if located is None else self.service.checkpoints(*located, group_id)
-                if located is not None and found:
-                    found = {**self._children_from_start(located, found), **found}
+                if located is None:
+                    found = {}
+                else:
+                    found = self.service.checkpoints(*located, group_id)
+                    found = {**self._children_from_start(located, found, group_id), **found}
             except NotFoundError:
                 found = {}
             answers.append(

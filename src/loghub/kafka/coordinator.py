@@ -98,6 +98,7 @@ class Group:
     pending_ids: set[str] = field(default_factory=set)
     rebalance_deadline_ms: int = 0
     initial_delay_until_ms: int = 0
+    formed_wall_ms: int = 0  # when this coordinator first saw the group (wall clock)
 
     def transition_to(self, state: GroupState) -> None:
         if self.state not in _VALID_PREVIOUS[state]:
@@ -131,7 +132,9 @@ class Coordinator:
         Members (for the leader only)."""
         if not session_timeout_ms_min <= session_timeout_ms <= session_timeout_ms_max:
             return _join_error(INVALID_SESSION_TIMEOUT, member_id)
-        group = self.groups.setdefault(group_id, Group(group_id))
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = Group(group_id, formed_wall_ms=self._clock.wall_ms())
         if group.members and group.protocol_type not in (None, protocol_type):
             return _join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
         names = {name for name, _ in protocols}
