@@ -60,6 +60,23 @@ def future_header(version: int) -> bytes:
     return covered + struct.pack(">I", crc32c.crc32c(covered))
 
 
+def format_2_header() -> bytes:
+    """The header of a segment written before producers' LZ4 blocks were kept (format 2)."""
+    covered = b"LHSG" + struct.pack(">HH", 2, SEGMENT_HEADER_BYTES)
+    return covered + struct.pack(">I", crc32c.crc32c(covered))
+
+
+def make_format_2_segment(shard: Path, base: int, count: int) -> bytes:
+    """A format-2 segment file of ``count`` records from ``base``; returns its bytes."""
+    shard.mkdir(parents=True, exist_ok=True)
+    data = format_2_header() + b"".join(
+        encode_header(sequence, 1_000 + sequence, body(sequence)) + body(sequence)
+        for sequence in range(base, base + count)
+    )
+    (shard / f"{base:020d}.log").write_bytes(data)
+    return data
+
+
 def all_bodies(log: ShardLog) -> bytes:
     return log.read(log.begin_seq, 1 << 20, 1 << 30).data
 
@@ -68,7 +85,8 @@ def test_segment_format_reads_the_first_bytes_of_a_file() -> None:
     assert segment_format(encode_segment_header()) == SEGMENT_FORMAT_VERSION
     assert segment_format(b"") == 1
     assert segment_format(format_1_records(0, 1)[:SEGMENT_HEADER_BYTES]) == 1
-    assert segment_format(future_header(3)) == 3
+    assert segment_format(future_header(SEGMENT_FORMAT_VERSION + 1)) == SEGMENT_FORMAT_VERSION + 1
+    assert segment_format(format_2_header()) == 2
     assert segment_format(encode_segment_header()[:5]) is None  # torn while created
     damaged = bytearray(encode_segment_header())
     damaged[5] ^= 0x01
@@ -127,6 +145,40 @@ def test_an_empty_format_1_active_segment_gets_its_header_in_place(tmp_path: Pat
     finally:
         log.close()
 
+    assert segment_base_sequences(shard) == [0, 3]
+    data = (shard / f"{3:020d}.log").read_bytes()
+    assert data == encode_segment_header() + encode_header(3, 2_000, b"after") + b"after"
+
+
+def test_a_format_2_segment_is_read_as_before_and_new_records_go_to_a_format_3_one(
+    tmp_path: Path,
+) -> None:
+    """An older LogHub refuses format 3, whose payloads may be kept lz4 blocks: records are
+    never added to a format-2 file, so that it stays readable by the version that wrote it."""
+    shard = tmp_path / "shard"
+    old = make_format_2_segment(shard, 0, 4)
+    log = ShardLog.open(shard, CONFIG, FakeClock())
+    try:
+        assert all_bodies(log) == b"".join(body(sequence) for sequence in range(4))
+        assert log.append(b"new 4", 5_000) == 4
+    finally:
+        log.close()
+    assert (shard / f"{0:020d}.log").read_bytes() == old
+    assert segment_base_sequences(shard) == [0, 4]
+    new = (shard / f"{4:020d}.log").read_bytes()
+    assert new[:SEGMENT_HEADER_BYTES] == encode_segment_header()
+    assert segment_format(new) == SEGMENT_FORMAT_VERSION == 3
+
+
+def test_an_empty_format_2_active_segment_gets_the_new_header_in_place(tmp_path: Path) -> None:
+    shard = tmp_path / "shard"
+    make_format_2_segment(shard, 0, 3)
+    make_format_2_segment(shard, 3, 0)
+    log = ShardLog.open(shard, CONFIG, FakeClock())
+    try:
+        assert log.append(b"after", 2_000) == 3
+    finally:
+        log.close()
     assert segment_base_sequences(shard) == [0, 3]
     data = (shard / f"{3:020d}.log").read_bytes()
     assert data == encode_segment_header() + encode_header(3, 2_000, b"after") + b"after"

@@ -9,6 +9,7 @@ import random
 from typing import Any
 
 import crc32c
+import lz4.block
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,6 +17,7 @@ from hypothesis_budget import examples
 
 from loghub.storage import _gather
 from loghub.storage.segment import HEADER, HEADER_BYTES, encode_header
+from loghub.wire import stored
 
 try:
     from loghub.storage._gather_c import crc32c as compiled_crc32c  # type: ignore[import-not-found]
@@ -114,6 +116,9 @@ def intact_file(draw: st.DrawFn) -> tuple[list[bytes], int]:
     sizes = draw(st.lists(st.integers(0, 300), min_size=1, max_size=40))
     rng = random.Random(draw(st.integers(0, 2**32)))
     payloads = [rng.randbytes(size) for size in sizes]
+    for index, payload in enumerate(payloads):  # some look like lz4 entries: counted expanded
+        if len(payload) >= 13 and rng.random() < 0.3:
+            payloads[index] = b"\xff" + payload[1:]
     base_seq = draw(st.integers(0, 2**40))
     return payloads, base_seq
 
@@ -188,3 +193,26 @@ def test_a_damaged_payload_stops_the_walk_at_its_record(raw: bool) -> None:
     assert position == 2 * (HEADER_BYTES + 100)
     kept = data[: 2 * (HEADER_BYTES + 100)] if raw else b"".join(payloads[:2])
     assert bytes(out[:out_end]) == kept
+
+
+def test_an_lz4_entry_counts_as_the_framed_entry_it_expands_to() -> None:
+    """A pull's byte limit and its x-log-bodyrawsize are in raw bytes, whatever is stored."""
+    entries = [
+        stored.lz4_entry(lz4.block.compress(raw, store_size=False), len(raw))
+        for raw in (b"x" * 300, bytes(range(256)) * 3, b"y" * 200_000)
+    ]
+    assert all(entries)
+    payloads = [entry for entry in entries if entry] + [b"\x0a\x03abc"]
+    file = records(payloads, 0)
+    expanded = [stored.expanded_size(n) for n in (300, 768, 200_000)] + [5]
+    out_size = len(file) + 64
+    for bytes_max, taken in (
+        (1 << 30, sum(expanded)),
+        (expanded[0] + expanded[1], expanded[0] + expanded[1]),
+        (expanded[0], expanded[0]),
+    ):
+        answer = call_both(
+            file, out_size, 0, 0, len(file), 0, 0, 10, 10, bytes_max, True, False, 1 << 20
+        )
+        assert answer[5] == taken, answer[:7]
+        assert answer[3] == sum(len(p) for p in payloads[: answer[4]])  # the stored bytes moved

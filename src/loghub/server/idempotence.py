@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from loghub.storage import ShardLog
 from loghub.storage.segment import HEADER, HEADER_BYTES
 from loghub.wire.producer_ids import WriteId, marker_of
+from loghub.wire.stored import LZ4_ENTRY_MARK
 
 __all__ = ["SCAN_RECORDS_MAX", "SEQUENCES_KEPT", "IdempotentWrites", "ShardProducers", "scan_log"]
 
@@ -97,7 +98,8 @@ def scan_log(shard_log: ShardLog) -> ShardProducers:
             fields = HEADER.unpack_from(view, offset)
             sequence, size = fields[3], fields[5]
             payload = view[offset + HEADER_BYTES : offset + HEADER_BYTES + size]
-            write = marker_of(payload)
+            # a marked write is stored framed; an lz4 entry is a producer's own block
+            write = None if size and payload[0] == LZ4_ENTRY_MARK else marker_of(payload)
             if write is not None:
                 producers.note(write, sequence + 1)
             offset += HEADER_BYTES + size

@@ -69,10 +69,10 @@ from loghub.storage import (
     StorageConfig,
     raise_open_files_limit,
 )
-from loghub.wire.compression import compress
 from loghub.wire.cursor import decode_cursor, encode_cursor
 from loghub.wire.logs import PULL_BYTES_MAX_PARAM, frame_log_group, split_log_group_list
 from loghub.wire.producer_ids import WriteId, marked
+from loghub.wire.stored import expand, reply_body, stored_entry
 from loghub.wire.values import json_bool, json_int, parse_decimal
 
 __all__ = ["LogHubService", "Offload", "PullResult", "RemoteLogs"]
@@ -431,7 +431,7 @@ class LogHubService:
         """
         self.metadata.get_logstore(project, logstore)  # a missing logstore first: LogStoreNotExist
         raw, log_count = self.body_checker.checked_raw(compress_type, body, raw_size)
-        payload = frame_log_group(raw)
+        payload = stored_entry(compress_type, body, raw)
         for _attempt in range(_REROUTES_MAX):
             shard = self.pick_shard(project, logstore, target, hash_key)
             self._check_held(project, logstore, shard)
@@ -453,7 +453,7 @@ class LogHubService:
             finally:
                 if self.replication is not None:
                     self.replication.write_done(token)
-            self.autosplit.record(project, logstore, shard.shard_id, len(payload))
+            self.autosplit.record(project, logstore, shard.shard_id, len(raw))
             self.metrics.count_ingest(project, logstore, shard.shard_id, log_count, len(raw))
             return sequence
         raise ShardReadOnly(f"logstore {logstore} kept resharding; try again")
@@ -486,7 +486,10 @@ class LogHubService:
             raw, log_count = await offload(
                 self.body_checker.checked_raw, compress_type, body, raw_size
             )
-        payload = frame_log_group(raw if write is None else marked(raw, write))
+        if write is None:
+            payload = stored_entry(compress_type, body, raw)
+        else:  # the mark changes the group: it is stored framed
+            payload = frame_log_group(marked(raw, write))
         commits = self._commit_queue()
         for _attempt in range(_REROUTES_MAX):
             # lb: every write of one commit round to the same shard, the next round to the
@@ -542,11 +545,11 @@ class LogHubService:
             finally:
                 if self.replication is not None:
                     self.replication.write_done(token)
-            self.autosplit.record(project, logstore, shard.shard_id, len(payload))
+            self.autosplit.record(project, logstore, shard.shard_id, len(raw))
             self.metrics.count_ingest(project, logstore, shard.shard_id, log_count, len(raw))
             balance = self._lb.get((project, logstore))
             if target == "lb" and balance is not None:
-                balance.bytes_by_shard[shard.shard_id] += len(payload)
+                balance.bytes_by_shard[shard.shard_id] += len(raw)
             return sequence
         raise ShardReadOnly(f"logstore {logstore} kept resharding; try again")
 
@@ -643,18 +646,18 @@ class LogHubService:
             body = b""
             if batch.size_bytes:
                 with memoryview(buffer) as view, view[: batch.size_bytes] as data:
-                    body = compress(accept_compress, data)
+                    body = reply_body(accept_compress, data)
         finally:
             self.read_buffers.give_back(buffer)
-        self.quotas.charge_read(quota_key, quota, batch.size_bytes)
-        self.metrics.count_pull(project, logstore, shard_id, batch.count, batch.size_bytes)
+        self.quotas.charge_read(quota_key, quota, batch.raw_bytes)
+        self.metrics.count_pull(project, logstore, shard_id, batch.count, batch.raw_bytes)
         tail = None
         if not batch.count and end is None and not shard_log.sealed:
             tail = ShardTail(shard_log, batch.next_seq)
         return PullResult(
             body=body,
             compress_type=accept_compress if batch.size_bytes else "",
-            raw_size=batch.size_bytes,
+            raw_size=batch.raw_bytes,
             count=batch.count,
             next_cursor=encode_cursor(batch.next_seq),
             bytes_max=bytes_max,
@@ -788,9 +791,9 @@ class LogHubService:
             batch = shard_log.read(start_seq, count, bytes_max)
         except RecordsLostError as exc:
             raise _with_cursors(exc, logstore, shard_id) from exc
-        self.quotas.charge_read(quota_key, quota, len(batch.data))
-        self.metrics.count_pull(project, logstore, shard_id, batch.count, len(batch.data))
-        return split_log_group_list(batch.data)
+        self.quotas.charge_read(quota_key, quota, batch.raw_bytes)
+        self.metrics.count_pull(project, logstore, shard_id, batch.count, batch.raw_bytes)
+        return split_log_group_list(expand(batch.data))
 
     def checkpoints(self, project: str, logstore: str, group: str) -> Mapping[int, Checkpoint]:
         """The group's checkpoints by shard; none when the group does not exist."""

@@ -30,8 +30,10 @@ one and ``take_first``). The walk stops at the first record it cannot take and r
 - ``position``, ``sequence``: the record where it stopped; its bytes start at buffer index
   ``out_offset + position - <the position given>`` and are intact, so the caller can read
   its header for an error message or for the room it needs;
-- ``out_end``: one past the last byte moved; ``count``, ``taken_bytes``: records and bytes
-  moved (payload bytes, or whole records when ``raw``); ``loaded_end``: one past the last
+- ``out_end``: one past the last byte moved; ``count``, ``taken_bytes``: records moved and
+  what they count against ``bytes_max`` (whole records when ``raw``; else payload bytes, an
+  lz4 entry of ``loghub.wire.stored`` counting as the framed entry it expands to, so that a
+  pull's limit stays in the bytes its reader gets); ``loaded_end``: one past the last
   byte read into ``out``.
 
 A compiled twin (``_gather_c.c``) does the same walk with the GIL released for the whole
@@ -77,6 +79,9 @@ _HEADER = struct.Struct(">BBIQQII")
 _HEADER_BYTES = 30
 _CRC_COVERED_BYTES = 26
 _FORMAT_VERSION = 1
+# An lz4 entry of ``loghub.wire.stored`` counts as the framed entry it expands to.
+_LZ4_ENTRY_MARK = 0xFF
+_LZ4_ENTRY_HEAD_BYTES = 13
 
 Gathered = tuple[int, int, int, int, int, int, int]
 GatherFunction = Callable[
@@ -95,6 +100,18 @@ def _pread_into(fd: int, out: bytearray, out_offset: int, size_bytes: int, posit
         out[out_offset + got : out_offset + got + len(data)] = data
         got += len(data)
     return got
+
+
+def _payload_cost(out: bytearray, at: int, length: int) -> int:
+    """What a payload of ``length`` bytes at ``out[at]`` counts against ``bytes_max``: an lz4
+    entry its expanded size (a pull's byte limit is in raw bytes), any other its length."""
+    if out[at] != _LZ4_ENTRY_MARK:
+        return length
+    raw_size = int.from_bytes(out[at + 1 : at + 5], "little")
+    varint_bytes = 1
+    while raw_size >> (7 * varint_bytes):
+        varint_bytes += 1
+    return 1 + varint_bytes + raw_size
 
 
 def gather_python(
@@ -147,6 +164,11 @@ def gather_python(
             record_bytes = _HEADER_BYTES + length
             if sequence >= start_seq:
                 cost = record_bytes if raw else length
+                if not raw and length >= _LZ4_ENTRY_HEAD_BYTES:
+                    if index + _HEADER_BYTES + 5 > loaded_end:
+                        status = NEED_ROOM if room_limited else INCOMPLETE_RECORD
+                        break
+                    cost = _payload_cost(out, index + _HEADER_BYTES, length)
                 if (count or not take_first) and taken + cost > bytes_max:
                     status = LIMIT
                     break
@@ -158,9 +180,9 @@ def gather_python(
                 if crc32c.crc32c(payload, covered) != stored_crc:
                     status = CRC_MISMATCH
                     break
-                source = index if raw else index + _HEADER_BYTES
-                view[out_end : out_end + cost] = view[source : source + cost]
-                out_end += cost
+                source, moved = (index, record_bytes) if raw else (index + _HEADER_BYTES, length)
+                view[out_end : out_end + moved] = view[source : source + moved]
+                out_end += moved
                 taken += cost
                 count += 1
             index += record_bytes

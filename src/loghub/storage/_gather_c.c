@@ -38,6 +38,20 @@ enum {
 #define HEADER_BYTES 30
 #define CRC_COVERED_BYTES 26
 #define FORMAT_VERSION 1
+/* An lz4 entry of loghub/wire/stored.py counts as the framed entry it expands to. */
+#define LZ4_ENTRY_MARK 0xFF
+#define LZ4_ENTRY_HEAD_BYTES 13
+
+/* What a payload counts against bytes_max: an lz4 entry its expanded size (a pull's byte
+ * limit is in raw bytes), any other its length. As _payload_cost in _gather.py. */
+static Py_ssize_t payload_cost(const uint8_t *payload, uint32_t length) {
+    if (payload[0] != LZ4_ENTRY_MARK) return (Py_ssize_t)length;
+    uint64_t raw_size = (uint64_t)payload[1] | (uint64_t)payload[2] << 8 |
+                        (uint64_t)payload[3] << 16 | (uint64_t)payload[4] << 24;
+    Py_ssize_t varint_bytes = 1;
+    while (raw_size >> (7 * varint_bytes)) varint_bytes++;
+    return (Py_ssize_t)(1 + varint_bytes + raw_size);
+}
 
 /* --- CRC32C (Castagnoli, reflected polynomial 0x82F63B78) ----------------------------- */
 
@@ -170,6 +184,13 @@ static void walk(Walk *w) {
         Py_ssize_t record_bytes = HEADER_BYTES + (Py_ssize_t)length;
         if (w->sequence >= w->start_seq) {
             Py_ssize_t cost = w->raw ? record_bytes : (Py_ssize_t)length;
+            if (!w->raw && length >= LZ4_ENTRY_HEAD_BYTES) {
+                if (index + HEADER_BYTES + 5 > w->loaded_end) {
+                    w->status = room_limited ? NEED_ROOM : INCOMPLETE_RECORD;
+                    break;
+                }
+                cost = payload_cost(header + HEADER_BYTES, length);
+            }
             if ((w->count || !w->take_first) && w->taken + cost > w->bytes_max) {
                 w->status = LIMIT;
                 break;
@@ -185,8 +206,9 @@ static void walk(Walk *w) {
                 break;
             }
             const uint8_t *source = w->raw ? header : header + HEADER_BYTES;
-            if (w->out + out_end != source) memmove(w->out + out_end, source, (size_t)cost);
-            out_end += cost;
+            Py_ssize_t moved = w->raw ? record_bytes : (Py_ssize_t)length;
+            if (w->out + out_end != source) memmove(w->out + out_end, source, (size_t)moved);
+            out_end += moved;
             w->taken += cost;
             w->count += 1;
         }

@@ -1,19 +1,25 @@
 """A segment: one ``.log`` file of framed records plus its offset and time indexes.
 
 Byte layout of ``<base_seq:020d>.log`` (base_seq is the sequence of its first record). Segment
-format 2 (written since leader epochs were given a file of their own) opens with a 12-byte
-segment header, big-endian (``struct`` format ``>4sHHI``), then records back to back:
+formats 2 and 3 open with a 12-byte segment header, big-endian (``struct`` format
+``>4sHHI``), then records back to back:
 
     offset  size  field
     0       4     magic             b"LHSG"
-    4       2     segment_format    u16  2
+    4       2     segment_format    u16  3 (2 in files written before format 3)
     6       2     header_bytes      u16  12 (where the first record starts)
     8       4     crc32c            u32  CRC32C of bytes 0..7
 
-Segment format 1 (every file written before) has no header: records start at byte 0. Such
-files stay as they are and are read as before; a data directory is upgraded in place by
-writing new segments in format 2 (``ShardLog.open`` rolls a new segment when the active one
-is in format 1). Magic, version and the CRC keep their places in every later format, so a
+The formats differ in what a payload may be, not in their layout: in format 3 (written since
+producers' LZ4 blocks are kept as they came) a payload is either entry form of
+``loghub.wire.stored``; in format 2 (written since leader epochs were given a file of their
+own) it is always a framed LogGroupList entry. The version moved so that an older LogHub,
+which would serve a kept LZ4 block to its readers as if it were a framed group, refuses a
+format-3 file instead. Segment format 1 (every file written before) has no header: records
+start at byte 0. Older files stay as they are and are read as before; a data directory is
+upgraded in place by writing new segments in the current format (``ShardLog.open`` rolls a
+new segment when the active one is in an older format, or gives it the new header in place
+when it holds no record). Magic, version and the CRC keep their places in every later format, so a
 file of a format this code does not know (a newer LogHub wrote it) is recognised and refused
 with ``UnsupportedFormatError`` rather than misread as damage (and cut). A header that fails
 its CRC is damage: it is rewritten when the record after it proves the layout (or when the
@@ -107,7 +113,8 @@ __all__ = [
 logger = logging.getLogger("loghub.storage")
 
 FORMAT_VERSION = 1  # of records
-SEGMENT_FORMAT_VERSION = 2  # of segment files written now
+SEGMENT_FORMAT_VERSION = 3  # of segment files written now: payloads may be kept lz4 blocks
+_SEGMENT_FORMAT_FRAMED_ONLY = 2  # with a header, every payload a framed LogGroupList entry
 _SEGMENT_FORMAT_HEADERLESS = 1  # files written before segment headers existed
 _SEGMENT_MAGIC = b"LHSG"
 _SEGMENT_HEADER = struct.Struct(">4sHHI")
@@ -170,9 +177,9 @@ def segment_format(head: bytes) -> int | None:
     _magic, version, header_bytes, stored = _SEGMENT_HEADER.unpack_from(head)
     if stored != crc32c.crc32c(head[:_SEGMENT_HEADER_COVERED_BYTES]):
         return None
-    if version < SEGMENT_FORMAT_VERSION:  # no such header was ever written
+    if version < _SEGMENT_FORMAT_FRAMED_ONLY:  # no such header was ever written
         return None
-    if version == SEGMENT_FORMAT_VERSION and header_bytes != SEGMENT_HEADER_BYTES:
+    if version <= SEGMENT_FORMAT_VERSION and header_bytes != SEGMENT_HEADER_BYTES:
         return None
     return int(version)
 
@@ -432,7 +439,7 @@ class Segment:
             size_bytes = os.fstat(fd).st_size
             head = pread_fully(fd, SEGMENT_HEADER_BYTES, 0)
             found = segment_format(head)
-            if found == SEGMENT_FORMAT_VERSION:
+            if found is not None and _SEGMENT_FORMAT_FRAMED_ONLY <= found <= SEGMENT_FORMAT_VERSION:
                 return found
             # a format-1 file starts with a record; one whose first bytes are junk but whose
             # record base_seq starts right after a header is a format-2 one, header damaged
@@ -482,14 +489,21 @@ class Segment:
             os.close(fd)
 
     def upgrade_empty(self) -> None:
-        """Gives an empty format-1 file the current format's header in place (the active
-        segment of a shard that holds no record), so that new records get the new format."""
-        assert self.format_version == _SEGMENT_FORMAT_HEADERLESS and self.size_bytes == 0
-        assert self.next_seq == self.base_seq and self.pins == 0
+        """Gives a file of an older format that holds no record the current format's header
+        in place (the active segment of a shard that holds no record), so that new records
+        get the new format."""
+        assert self.format_version < SEGMENT_FORMAT_VERSION
+        assert self.size_bytes == self.data_start and self.next_seq == self.base_seq
+        assert self.pins == 0
         self._write_segment_header()
         self.format_version = SEGMENT_FORMAT_VERSION
         self.data_start = SEGMENT_HEADER_BYTES
         self.size_bytes = self.committed_size_bytes = SEGMENT_HEADER_BYTES
+
+    @property
+    def current_format(self) -> bool:
+        """Whether new records may go into this file (it is in the current format)."""
+        return self.format_version == SEGMENT_FORMAT_VERSION
 
     @property
     def headerless(self) -> bool:
@@ -523,7 +537,7 @@ class Segment:
         """(leader epoch, sequence) wherever the segment's intact records change epoch,
         for rebuilding the leader-epoch file. A format-1 segment was written before epochs
         were kept, by a single server: epoch 0 from its first intact record, no walk. A
-        format-2 one is walked (every header and CRC)."""
+        later one is walked (every header and CRC)."""
         if self.headerless:
             first_seq = self.base_seq
             for lost in self.lost:
@@ -876,8 +890,9 @@ class Segment:
             left = count_max - count
             allowed = skip_bytes + bytes_max - taken + HEADER_BYTES * (min(left, 1024) + 1)
             guess = skip_bytes + _READ_FIRST_BYTES
-            if count:
-                guess = skip_bytes + (left * (taken // count + HEADER_BYTES)) * 5 // 4
+            if count:  # by the bytes moved: an lz4 entry takes fewer than it counts
+                moved = out_end - out_offset
+                guess = skip_bytes + (left * (moved // count + HEADER_BYTES)) * 5 // 4
             # at least a header: after a first record over bytes_max, ``allowed`` can be tiny
             room = min(plan.limit_position - position, max(min(allowed, guess), need, HEADER_BYTES))
             if len(out) < out_end + room:

@@ -175,6 +175,9 @@ class ReadBatch:
     data: bytes  # the concatenated payloads of the records read, in order (no headers)
     count: int  # records read
     next_seq: int  # sequence after the last record read (== start when count == 0)
+    # what the payloads count against a read's bytes_max: their length, an lz4 entry of
+    # ``loghub.wire.stored`` the framed entry it expands to
+    raw_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,7 @@ class BufferedRead:
     size_bytes: int  # the payloads fill the caller's buffer from index 0 to here
     count: int  # records read
     next_seq: int  # sequence after the last record read (== start when count == 0)
+    raw_bytes: int = 0  # as ReadBatch.raw_bytes
 
 
 @dataclass(frozen=True)
@@ -740,7 +744,7 @@ class ShardLog:
                 fsync_directory(self.path)
             segment.truncate(position, end_seq)
             self._fsync_count += 1
-            if segment.headerless:  # new records go into the current format, as after open
+            if not segment.current_format:  # new records go into the current format, as after open
                 _upgrade_active_segment(self.path, self._segments, self._files, self._limits())
             write_leader_epochs(self.path, self._epochs)
         except OSError as exc:
@@ -883,10 +887,11 @@ class ShardLog:
     ) -> ReadBatch:
         """Payloads of records [start_seq, min(end_seq, self.high_watermark_seq)), at most
         ``count_max`` of them and about ``bytes_max`` bytes (at least one record when any is
-        available)."""
+        available; an lz4 entry of ``loghub.wire.stored`` counts as the framed entry it
+        expands to, so that the limit is in the bytes a reader gets)."""
         state = self._read(bytearray(), start_seq, count_max, bytes_max, end_seq, raw=False)
         del state.out[state.size_bytes :]
-        return ReadBatch(bytes(state.out), state.count, start_seq + state.count)
+        return ReadBatch(bytes(state.out), state.count, start_seq + state.count, state.taken_bytes)
 
     def read_into(
         self,
@@ -901,7 +906,9 @@ class ShardLog:
         scratch. A caller that keeps its buffers between reads spares every read the
         allocation (and page faults) of a new block. ``out`` must have no exported views."""
         state = self._read(out, start_seq, count_max, bytes_max, end_seq, raw=False)
-        return BufferedRead(state.size_bytes, state.count, start_seq + state.count)
+        return BufferedRead(
+            state.size_bytes, state.count, start_seq + state.count, state.taken_bytes
+        )
 
     def read_raw(self, start_seq: int, bytes_max: int) -> bytes:
         """Framed records (headers included) from ``start_seq``, about ``bytes_max`` bytes
@@ -1416,13 +1423,14 @@ def _expired(segment: Segment, cutoff_ms: int) -> bool:
 def _upgrade_active_segment(
     path: Path, segments: list[Segment], files: FileCache, limits: dict[str, int]
 ) -> None:
-    """Sees that new records go into the current segment format (during open): an empty
-    format-1 active segment gets its header in place; a non-empty one is sealed as it is
-    and a new segment started after it, so that a format-1 file never changes again."""
+    """Sees that new records go into the current segment format (during open): an active
+    segment of an older format that holds no record gets the current header in place; one
+    with records is sealed as it is and a new segment started after it, so that a file of an
+    older format never changes again (and never holds what its format does not allow)."""
     active = segments[-1]
-    if not active.headerless:
+    if active.current_format:
         return
-    if active.size_bytes == 0:
+    if active.next_seq == active.base_seq and active.size_bytes == active.data_start:
         active.upgrade_empty()
         logger.info("shard log %s: active segment upgraded in place", path)
         return

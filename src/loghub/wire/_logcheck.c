@@ -363,9 +363,61 @@ static PyObject *scan(PyObject *module, PyObject *arg) {
     return Py_BuildValue("(iLii)", OK, walk.log_count, 0, 0);
 }
 
+/* Where the last sequence (literals only) of an LZ4 block starts, or -1 when the block's
+ * sequences do not end exactly at its end. The twin of lz4_last_sequence_python in
+ * loghub/wire/stored.py, step for step. */
+static long long lz4_last(const uint8_t *block, Py_ssize_t size) {
+    Py_ssize_t at = 0;
+    for (;;) {
+        if (at >= size) return -1;
+        Py_ssize_t start = at;
+        uint8_t token = block[at++];
+        Py_ssize_t literals = token >> 4;
+        if (literals == 15) {
+            uint8_t extra;
+            do {
+                if (at >= size) return -1;
+                extra = block[at++];
+                literals += extra;
+            } while (extra == 255);
+        }
+        if (literals > size - at) return -1;
+        at += literals;
+        if (at == size) return (long long)start;
+        if (at + 2 > size) return -1;
+        if (block[at] == 0 && block[at + 1] == 0) return -1; /* offset 0 is invalid */
+        at += 2;
+        if ((token & 15) == 15) {
+            uint8_t extra;
+            do {
+                if (at >= size) return -1;
+                extra = block[at++];
+            } while (extra == 255);
+        }
+    }
+}
+
+static PyObject *lz4_last_sequence(PyObject *module, PyObject *arg) {
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    long long found;
+    if (view.len >= GIL_RELEASE_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        found = lz4_last((const uint8_t *)view.buf, view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        found = lz4_last((const uint8_t *)view.buf, view.len);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(found);
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_O,
      "scan(data) -> (status, log_count, where, index): one pass over a serialized LogGroup"},
+    {"lz4_last_sequence", lz4_last_sequence, METH_O,
+     "lz4_last_sequence(block) -> where its last sequence starts, or -1: not a block"},
     {NULL, NULL, 0, NULL},
 };
 
