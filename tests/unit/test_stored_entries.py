@@ -24,6 +24,7 @@ except ImportError:  # reported by test_the_compiled_walk_is_built
 def test_the_compiled_walk_is_built() -> None:
     assert compiled_walk is not None, "run `make setup` to build loghub.wire._logcheck"
     assert stored.lz4_last_sequence is compiled_walk
+    assert stored.expand is not stored.expand_python
 
 
 def _group(rng: random.Random, size: int, kind: str) -> bytes:
@@ -61,13 +62,14 @@ def test_a_reply_joined_from_stored_blocks_decompresses_to_the_log_group_list(
             assert entry is None  # an empty group is refused before it is stored
         data += entry if as_lz4 and entry is not None else frame_log_group(raw)
         expected += frame_log_group(raw)
-    assert stored.expand(data) == expected
+    assert stored.expand(data, len(expected)) == expected
+    assert stored.expand_python(data, len(expected)) == expected
     block, raw_size = stored.lz4_reply(data)
     assert raw_size == len(expected)
     assert lz4.block.decompress(block, uncompressed_size=raw_size) == expected
     assert stored.has_lz4_entries(data) == any(as_lz4 and size for _s, size, _k, as_lz4 in entries)
     # every codec a pull may ask for gives the same list
-    assert stored.reply_body("", data) == expected
+    assert stored.reply_body("", data, len(expected)) == expected
 
 
 def test_a_block_kept_as_it_came_is_smaller_than_its_group_and_joins_without_recompressing() -> (
@@ -136,5 +138,41 @@ def test_both_walks_find_the_last_sequence_of_real_blocks(seed: int, size: int) 
 
 def test_entries_that_are_not_stored_entries_are_refused() -> None:
     for data in (b"\x12\x01a", b"\x0a\x05abc", b"\xff\x01\x00"):
-        with pytest.raises(ValueError):
-            stored.expand(data)
+        for expand in (stored.expand, stored.expand_python):
+            with pytest.raises(ValueError):
+                expand(data, 5)
+    good = stored.lz4_entry(lz4.block.compress(b"x" * 100, store_size=False), 100)
+    assert good is not None
+    for expand in (stored.expand, stored.expand_python):
+        assert expand(good, 102) == b"\x0a\x64" + b"x" * 100
+        for size in (0, 101, 103):  # not what the entries expand to
+            with pytest.raises(ValueError):
+                expand(good, size)
+
+
+@given(seed=st.integers(0, 2**32), flips=st.integers(1, 4))
+@settings(max_examples=examples(500), deadline=None)
+def test_the_compiled_expand_never_reads_or_writes_out_of_bounds_on_damaged_blocks(
+    seed: int, flips: int
+) -> None:
+    """A stored block is one the reference decoder accepted, but the compiled decoder checks
+    every bound anyway: damaged input gives ValueError or bytes of the size asked, never a
+    crash. Where both decoders accept a damaged block, they agree."""
+    rng = random.Random(seed)
+    raw = _group(rng, rng.choice([20, 300, 5000]), "text")
+    entry = bytearray(stored.lz4_entry(lz4.block.compress(raw, store_size=False), len(raw)) or b"")
+    for _ in range(flips):
+        entry[rng.randrange(stored.LZ4_ENTRY_HEAD_BYTES, len(entry))] = rng.randrange(256)
+    size = stored.expanded_size(len(raw))
+    try:
+        compiled = stored.expand(bytes(entry), size)
+    except ValueError:
+        compiled = None
+    try:
+        reference = stored.expand_python(bytes(entry), size)
+    except ValueError:
+        reference = None
+    if compiled is not None:
+        assert len(compiled) == size
+        if reference is not None:
+            assert compiled == reference

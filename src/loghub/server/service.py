@@ -646,7 +646,7 @@ class LogHubService:
             body = b""
             if batch.size_bytes:
                 with memoryview(buffer) as view, view[: batch.size_bytes] as data:
-                    body = reply_body(accept_compress, data)
+                    body = reply_body(accept_compress, data, batch.raw_bytes)
         finally:
             self.read_buffers.give_back(buffer)
         self.quotas.charge_read(quota_key, quota, batch.raw_bytes)
@@ -793,7 +793,7 @@ class LogHubService:
             raise _with_cursors(exc, logstore, shard_id) from exc
         self.quotas.charge_read(quota_key, quota, batch.raw_bytes)
         self.metrics.count_pull(project, logstore, shard_id, batch.count, batch.raw_bytes)
-        return split_log_group_list(expand(batch.data))
+        return split_log_group_list(expand(batch.data, batch.raw_bytes))
 
     def checkpoints(self, project: str, logstore: str, group: str) -> Mapping[int, Checkpoint]:
         """The group's checkpoints by shard; none when the group does not exist."""

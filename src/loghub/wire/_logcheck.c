@@ -12,6 +12,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Keep in step with logcheck.py. */
 enum {
@@ -413,9 +414,146 @@ static PyObject *lz4_last_sequence(PyObject *module, PyObject *arg) {
     return PyLong_FromLongLong(found);
 }
 
+/* A safe LZ4 block decoder: `block` must decode to exactly `dst_size` bytes, every match
+ * within what this block wrote. 0, or -1 for anything else. Used on blocks that the server
+ * decompressed with the reference decoder before it stored them; the bounds are checked all
+ * the same, so that no input can write or read outside the buffers. */
+static int lz4_decode(const uint8_t *ip, Py_ssize_t size, uint8_t *dst, Py_ssize_t dst_size) {
+    const uint8_t *iend = ip + size;
+    uint8_t *op = dst;
+    uint8_t *oend = dst + dst_size;
+    for (;;) {
+        if (ip >= iend) return -1;
+        unsigned token = *ip++;
+        size_t literals = token >> 4;
+        if (literals == 15) {
+            unsigned extra;
+            do {
+                if (ip >= iend) return -1;
+                extra = *ip++;
+                literals += extra;
+            } while (extra == 255);
+        }
+        if (literals > (size_t)(iend - ip) || literals > (size_t)(oend - op)) return -1;
+        memcpy(op, ip, literals);
+        op += literals;
+        ip += literals;
+        if (ip == iend) break; /* the last sequence: literals only */
+        if (iend - ip < 2) return -1;
+        size_t offset = (size_t)ip[0] | (size_t)ip[1] << 8;
+        ip += 2;
+        if (offset == 0 || offset > (size_t)(op - dst)) return -1;
+        size_t length = token & 15;
+        if (length == 15) {
+            unsigned extra;
+            do {
+                if (ip >= iend) return -1;
+                extra = *ip++;
+                length += extra;
+            } while (extra == 255);
+        }
+        length += 4;
+        if (length > (size_t)(oend - op)) return -1;
+        const uint8_t *match = op - offset;
+        if (offset >= length) {
+            memcpy(op, match, length);
+        } else {
+            for (size_t i = 0; i < length; i++) op[i] = match[i]; /* overlapping: a repeat */
+        }
+        op += length;
+    }
+    return op == oend ? 0 : -1;
+}
+
+static uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* The twin of expand_python in loghub/wire/stored.py: stored entries to the serialized
+ * LogGroupList, in one new bytes object of `expanded_size` bytes. -1 on a malformed entry
+ * or a size that is not the entries'. */
+static int expand_into(const uint8_t *in, Py_ssize_t size, uint8_t *out, Py_ssize_t out_size) {
+    Py_ssize_t at = 0, produced = 0;
+    while (at < size) {
+        if (in[at] == 0xFF) {
+            if (size - at < 13) return -1;
+            uint32_t raw = le32(in + at + 1), block_size = le32(in + at + 5);
+            uint32_t last = le32(in + at + 9);
+            Py_ssize_t start = at + 13;
+            if ((Py_ssize_t)block_size > size - start || last >= block_size) return -1;
+            uint8_t framing[6];
+            Py_ssize_t framing_size = 0;
+            framing[framing_size++] = 0x0A;
+            uint32_t value = raw;
+            while (value > 0x7F) {
+                framing[framing_size++] = (uint8_t)((value & 0x7F) | 0x80);
+                value >>= 7;
+            }
+            framing[framing_size++] = (uint8_t)value;
+            if (framing_size + (Py_ssize_t)raw > out_size - produced) return -1;
+            memcpy(out + produced, framing, (size_t)framing_size);
+            produced += framing_size;
+            if (lz4_decode(in + start, block_size, out + produced, raw) < 0) return -1;
+            produced += raw;
+            at = start + block_size;
+        } else if (in[at] == 0x0A) {
+            Py_ssize_t cursor = at + 1;
+            uint64_t length = 0;
+            int shift = 0;
+            for (;;) {
+                if (cursor >= size || shift > 35) return -1;
+                uint8_t byte = in[cursor++];
+                length |= (uint64_t)(byte & 0x7F) << shift;
+                shift += 7;
+                if (byte < 0x80) break;
+            }
+            if (length > (uint64_t)(size - cursor)) return -1;
+            Py_ssize_t entry = cursor + (Py_ssize_t)length - at;
+            if (entry > out_size - produced) return -1;
+            memcpy(out + produced, in + at, (size_t)entry);
+            produced += entry;
+            at += entry;
+        } else {
+            return -1;
+        }
+    }
+    return produced == out_size ? 0 : -1;
+}
+
+static PyObject *expand(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer view;
+    Py_ssize_t expanded_size;
+    if (!PyArg_ParseTuple(args, "y*n", &view, &expanded_size)) return NULL;
+    if (expanded_size < 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "a negative size");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, expanded_size);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = expand_into((const uint8_t *)view.buf, view.len,
+                         (uint8_t *)PyBytes_AS_STRING(out), expanded_size);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (status < 0) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_ValueError, "not stored entries of that expanded size");
+        return NULL;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_O,
      "scan(data) -> (status, log_count, where, index): one pass over a serialized LogGroup"},
+    {"expand", expand, METH_VARARGS,
+     "expand(entries, expanded_size) -> the serialized LogGroupList of stored entries"},
     {"lz4_last_sequence", lz4_last_sequence, METH_O,
      "lz4_last_sequence(block) -> where its last sequence starts, or -1: not a block"},
     {NULL, NULL, 0, NULL},

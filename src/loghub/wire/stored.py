@@ -34,8 +34,10 @@ expanded size against a read's byte limit (``loghub.storage._gather``), so that 
 
 A block is stored only after the server decompressed it to exactly the declared size and
 checked the LogGroup, and after its sequences were walked to its end; a block whose walk
-fails is stored framed instead. The walk (``lz4_last_sequence``) has a compiled twin in
-``_logcheck.c``; ``tests/unit/test_stored_entries.py`` holds the two to the same answers.
+fails is stored framed instead. The walk (``lz4_last_sequence``) and ``expand`` (whose
+compiled twin decodes each block straight into the list's buffer, bounds-checked) are in
+``_logcheck.c`` too; ``tests/unit/test_stored_entries.py`` holds each pair to the same
+answers.
 
 Pure functions; thread-safe.
 """
@@ -55,6 +57,7 @@ __all__ = [
     "LZ4_ENTRY_HEAD_BYTES",
     "LZ4_ENTRY_MARK",
     "expand",
+    "expand_python",
     "expanded_size",
     "has_lz4_entries",
     "lz4_entry",
@@ -140,12 +143,15 @@ def stored_entry(compress_type: str | None, body: bytes, raw: bytes) -> bytes:
     return frame_log_group(raw)
 
 
-def reply_body(compress_type: str, data: bytes | bytearray | memoryview) -> bytes:
+def reply_body(
+    compress_type: str, data: bytes | bytearray | memoryview, expanded_size: int
+) -> bytes:
     """A pull reply's body, as ``compress_type`` (see ``loghub.wire.compression``), of the
-    stored entries ``data``: new bytes that share no memory with ``data``."""
+    stored entries ``data`` (``expanded_size`` bytes once expanded): new bytes that share no
+    memory with ``data``."""
     if compress_type == "lz4":
         return lz4_reply(data)[0]
-    return compress(compress_type, expand(data))
+    return compress(compress_type, expand(data, expanded_size))
 
 
 def _varint(value: int) -> bytes:
@@ -206,15 +212,39 @@ def has_lz4_entries(data: bytes | bytearray | memoryview) -> bool:
         return any(raw_size >= 0 for _s, _e, raw_size, _l in _entries(view))
 
 
-def expand(data: bytes | bytearray | memoryview) -> bytes:
-    """The serialized ``LogGroupList`` of stored entries: lz4 entries decompressed and framed,
-    framed ones as they are. With any lz4 entry, the entries are joined into one block
-    (``lz4_reply``, which costs little) and decompressed once into one new buffer: cheaper
-    than a buffer per entry joined afterwards."""
-    if not has_lz4_entries(data):
-        return bytes(data)
-    block, raw_size = lz4_reply(data)
-    return bytes(lz4.block.decompress(block, uncompressed_size=raw_size))
+def expand_python(data: bytes | bytearray | memoryview, expanded_size: int) -> bytes:
+    """The serialized ``LogGroupList`` of stored entries (``expanded_size`` bytes: what the
+    read counted them as): lz4 entries decompressed and framed, framed ones as they are.
+    Raises ValueError on bytes that are not entries of that size."""
+    with memoryview(data) as view:
+        parts: list[bytes | memoryview] = []
+        for start, end, raw_size, _last in _entries(view):
+            if raw_size < 0:
+                parts.append(view[start:end])
+                continue
+            block = view[start + LZ4_ENTRY_HEAD_BYTES : end]
+            try:
+                group = lz4.block.decompress(block, uncompressed_size=raw_size)
+            except lz4.block.LZ4BlockError as exc:
+                raise ValueError(f"an lz4 entry at {start} does not decode: {exc}") from None
+            if len(group) != raw_size:
+                raise ValueError(f"an lz4 entry at {start} decodes to {len(group)} bytes")
+            parts += (_framing(raw_size), group)
+        out = b"".join(parts)
+    if len(out) != expanded_size:
+        raise ValueError(f"the entries expand to {len(out)} bytes, not {expanded_size}")
+    return out
+
+
+try:
+    from loghub.wire._logcheck import expand as _compiled_expand  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # built without a C compiler: the same answers, slower
+    expand = expand_python
+else:
+    # One new buffer, decoded into in place, with the GIL released: the reference decoder
+    # returns a copy of its own buffer, which for a pull of megabytes is a second fresh
+    # allocation and its page faults.
+    expand = _compiled_expand
 
 
 def _literal_run(block: memoryview, at: int) -> tuple[int, int, int]:
