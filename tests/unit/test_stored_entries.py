@@ -25,6 +25,7 @@ def test_the_compiled_walk_is_built() -> None:
     assert compiled_walk is not None, "run `make setup` to build loghub.wire._logcheck"
     assert stored.lz4_last_sequence is compiled_walk
     assert stored.expand is not stored.expand_python
+    assert stored._compiled_join is not None
 
 
 def _group(rng: random.Random, size: int, kind: str) -> bytes:
@@ -67,6 +68,7 @@ def test_a_reply_joined_from_stored_blocks_decompresses_to_the_log_group_list(
     block, raw_size = stored.lz4_reply(data)
     assert raw_size == len(expected)
     assert lz4.block.decompress(block, uncompressed_size=raw_size) == expected
+    assert stored.lz4_reply_python(data) == (block, raw_size)  # the compiled join's answer
     assert stored.has_lz4_entries(data) == any(as_lz4 and size for _s, size, _k, as_lz4 in entries)
     # every codec a pull may ask for gives the same list
     assert stored.reply_body("", data, len(expected)) == expected
@@ -82,7 +84,8 @@ def test_a_block_kept_as_it_came_is_smaller_than_its_group_and_joins_without_rec
     )
     framed = b"".join(frame_log_group(raw) for raw in raws)
     assert len(data) < len(framed) / 2
-    block, _ = stored.lz4_reply(data)
+    block, raw_size = stored.lz4_reply(data)
+    assert stored.lz4_reply_python(data) == (block, raw_size)  # the compiled join agrees
     # the joined reply is the stored blocks plus a few bytes of tokens and framing per entry
     assert len(block) <= len(data) + 8 * len(raws)
 

@@ -12,6 +12,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Keep in step with logcheck.py. */
@@ -549,9 +550,147 @@ static PyObject *expand(PyObject *module, PyObject *args) {
     return out;
 }
 
+/* --- joining stored LZ4 blocks into one (the twin of lz4_reply in stored.py) -------------- */
+
+typedef struct {
+    uint8_t *data;
+    size_t size, room;
+} Bytes;
+
+static int bytes_put(Bytes *b, const uint8_t *p, size_t n) {
+    if (b->size + n > b->room) {
+        size_t room = b->room ? b->room : 4096;
+        while (room < b->size + n) room *= 2;
+        uint8_t *grown = realloc(b->data, room);
+        if (grown == NULL) return -1;
+        b->data = grown;
+        b->room = room;
+    }
+    memcpy(b->data + b->size, p, n);
+    b->size += n;
+    return 0;
+}
+
+static int put_token(Bytes *out, size_t literals, unsigned match_nibble) {
+    uint8_t head[1 + 64];
+    if (literals < 15) {
+        head[0] = (uint8_t)(literals << 4 | match_nibble);
+        return bytes_put(out, head, 1);
+    }
+    head[0] = (uint8_t)(0xF0 | match_nibble);
+    if (bytes_put(out, head, 1) < 0) return -1;
+    size_t rest = literals - 15;
+    memset(head, 255, sizeof head);
+    while (rest >= 255) {
+        size_t run = rest / 255 < sizeof head ? rest / 255 : sizeof head;
+        if (bytes_put(out, head, run) < 0) return -1;
+        rest -= run * 255;
+    }
+    uint8_t last = (uint8_t)rest;
+    return bytes_put(out, &last, 1);
+}
+
+/* The literal run of the token at `at`: its length, where its bytes start, the match nibble;
+ * -1 when it does not fit the block. */
+static int literal_run(const uint8_t *block, size_t size, size_t at, size_t *literals,
+                       size_t *literals_at, unsigned *nibble) {
+    if (at >= size) return -1;
+    unsigned token = block[at++];
+    size_t length = token >> 4;
+    if (length == 15) {
+        unsigned extra;
+        do {
+            if (at >= size) return -1;
+            extra = block[at++];
+            length += extra;
+        } while (extra == 255);
+    }
+    if (length > size - at) return -1;
+    *literals = length;
+    *literals_at = at;
+    *nibble = token & 15;
+    return 0;
+}
+
+/* 0: joined; 1: a framed entry is there (the caller joins in Python, compressing such runs);
+ * -1: malformed entries; -2: out of memory. */
+static int join_blocks(const uint8_t *in, Py_ssize_t size, Bytes *out, Bytes *pending,
+                       unsigned long long *raw_total) {
+    Py_ssize_t at = 0;
+    while (at < size) {
+        if (in[at] != 0xFF) return 1;
+        if (size - at < 13) return -1;
+        uint32_t raw = le32(in + at + 1), block_size = le32(in + at + 5);
+        uint32_t last = le32(in + at + 9);
+        const uint8_t *block = in + at + 13;
+        if ((Py_ssize_t)block_size > size - at - 13 || last >= block_size) return -1;
+        uint8_t framing[6];
+        size_t framing_size = 0;
+        framing[framing_size++] = 0x0A;
+        uint32_t value = raw;
+        while (value > 0x7F) {
+            framing[framing_size++] = (uint8_t)((value & 0x7F) | 0x80);
+            value >>= 7;
+        }
+        framing[framing_size++] = (uint8_t)value;
+        if (bytes_put(pending, framing, framing_size) < 0) return -2;
+        size_t literals, literals_at, tail, tail_at;
+        unsigned nibble, tail_nibble;
+        if (literal_run(block, block_size, 0, &literals, &literals_at, &nibble) < 0) return -1;
+        if (last == 0) {
+            if (bytes_put(pending, block + literals_at, literals) < 0) return -2;
+        } else {
+            if (literals_at + literals > last) return -1;
+            if (put_token(out, pending->size + literals, nibble) < 0) return -2;
+            if (bytes_put(out, pending->data, pending->size) < 0) return -2;
+            pending->size = 0;
+            if (bytes_put(out, block + literals_at, last - literals_at) < 0) return -2;
+            if (literal_run(block, block_size, last, &tail, &tail_at, &tail_nibble) < 0) return -1;
+            if (bytes_put(pending, block + tail_at, tail) < 0) return -2;
+        }
+        *raw_total += 1 + (framing_size - 1) + raw;
+        at += 13 + (Py_ssize_t)block_size;
+    }
+    if (put_token(out, pending->size, 0) < 0) return -2;
+    if (bytes_put(out, pending->data, pending->size) < 0) return -2;
+    return 0;
+}
+
+static PyObject *lz4_join(PyObject *module, PyObject *arg) {
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Bytes out = {NULL, 0, 0}, pending = {NULL, 0, 0};
+    unsigned long long raw_total = 0;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    /* room for the blocks and a few bytes per entry at once: no regrowth in the common case */
+    size_t room = (size_t)view.len + (size_t)view.len / 64 + 64;
+    out.data = malloc(room);
+    out.room = out.data == NULL ? 0 : room;
+    status = out.data == NULL ? -2 : join_blocks((const uint8_t *)view.buf, view.len, &out, &pending, &raw_total);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    free(pending.data);
+    PyObject *result = NULL;
+    if (status == 0) {
+        result = Py_BuildValue("(y#K)", (const char *)out.data, (Py_ssize_t)out.size, raw_total);
+    } else if (status == 1) {
+        result = Py_NewRef(Py_None);
+    } else if (status == -1) {
+        PyErr_SetString(PyExc_ValueError, "malformed stored entries");
+    } else {
+        PyErr_NoMemory();
+    }
+    free(out.data);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_O,
      "scan(data) -> (status, log_count, where, index): one pass over a serialized LogGroup"},
+    {"lz4_join", lz4_join, METH_O,
+     "lz4_join(entries) -> (block, raw size), or None when a framed entry is among them"},
     {"expand", expand, METH_VARARGS,
      "expand(entries, expanded_size) -> the serialized LogGroupList of stored entries"},
     {"lz4_last_sequence", lz4_last_sequence, METH_O,

@@ -64,6 +64,7 @@ __all__ = [
     "lz4_last_sequence",
     "lz4_last_sequence_python",
     "lz4_reply",
+    "lz4_reply_python",
     "reply_body",
     "stored_entry",
 ]
@@ -310,7 +311,7 @@ class _Joiner:
         return bytes(self.out)
 
 
-def lz4_reply(data: bytes | bytearray | memoryview) -> tuple[bytes, int]:
+def lz4_reply_python(data: bytes | bytearray | memoryview) -> tuple[bytes, int]:
     """One LZ4 block of the serialized ``LogGroupList`` of stored entries, and its raw size:
     what a pull answers with ``x-log-compresstype: lz4``. Stored blocks are joined as they
     are; each run of framed entries is compressed first."""
@@ -332,3 +333,20 @@ def lz4_reply(data: bytes | bytearray | memoryview) -> tuple[bytes, int]:
         if plain_from >= 0:
             joiner.join_plain(view[plain_from:])
         return joiner.finish(), raw_total
+
+
+try:
+    from loghub.wire._logcheck import lz4_join as _compiled_join  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # built without a C compiler: the same answers, slower
+    _compiled_join = None
+
+
+def lz4_reply(data: bytes | bytearray | memoryview) -> tuple[bytes, int]:
+    """``lz4_reply_python``'s answer; entries that are all kept blocks (what LogHub stores
+    for SDK writers) are joined by the compiled twin, at a few ns per entry instead of a
+    few us, which is what a pull of 1,000 small groups is made of."""
+    if _compiled_join is not None:
+        joined: tuple[bytes, int] | None = _compiled_join(data)
+        if joined is not None:
+            return joined
+    return lz4_reply_python(data)
