@@ -162,13 +162,27 @@ def test_body_over_the_size_limit_gets_413_before_it_is_sent(server: ServerProce
     assert json.loads(body)["errorCode"] == "PostBodyTooLarge"
 
 
+def _gauge(server: ServerProcess, name: str) -> float:
+    with httpx.Client(trust_env=False, timeout=5) as http:
+        text = http.get(f"http://{server.endpoint}/metrics").text
+    for line in text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
 def _hold_the_budget(server: ServerProcess) -> socket.socket:
     """A connection whose request takes the whole body budget and keeps it: its body moves
-    (a byte at a time, see _trickle) but never completes."""
+    (a byte at a time, see _trickle) but never completes. Returns once the server says the
+    budget is taken, so that a request sent next finds no room (on a busy machine a fixed
+    pause was not always enough)."""
     holder = _connect(server)
     holder.sendall(_head("/logstores/s/shards/lb", length=BUDGET_BYTES, host="p.127.0.0.1"))
     holder.sendall(b"x" * 10)
-    time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while _gauge(server, "loghub_http_body_bytes_in_use") < BUDGET_BYTES:
+        assert time.monotonic() < deadline, "the holder's body never took the budget"
+        time.sleep(0.05)
     return holder
 
 

@@ -30,6 +30,11 @@ class BodyBudget:
         self.in_use_bytes = 0
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for room now."""
+        return len(self._waiters)
+
     def _fits(self, size: int) -> bool:
         return self.in_use_bytes == 0 or self.in_use_bytes + size <= self.bytes_max
 

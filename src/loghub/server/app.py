@@ -304,6 +304,7 @@ class LogHubApp:
         )
         limits = self.config.limits
         self._body_budget = BodyBudget(limits.inflight_body_bytes_max, limits.inflight_wait_s)
+        self.service.metrics.watch_body_budget(self._body_budget)
         self._api_labels: dict[tuple[str, int, bool, str, str], str] = {}
         self._routed: dict[tuple[str, str], _Routed] = {}
         self._host_projects: dict[str, str | None] = {}

@@ -48,6 +48,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from loghub.server.admission import BodyBudget
 from loghub.storage import ShardStoreStatistics
 
 __all__ = [
@@ -295,6 +296,23 @@ class ServerMetrics:
         for name, help_text, field in gauges:
             gauge = Gauge(name, help_text, registry=self.registry)
             gauge.set_function(_reader(statistics, field))
+
+    def watch_body_budget(self, budget: BodyBudget) -> None:
+        """Gauges of the request-body budget (``--inflight-body-bytes-max``): how much of it
+        is taken, and how many requests wait for room (each gets 503 if it waits past
+        ``--inflight-wait-s``)."""
+        in_use = Gauge(
+            "loghub_http_body_bytes_in_use",
+            "Bytes of the request-body budget held by requests being handled.",
+            registry=self.registry,
+        )
+        in_use.set_function(lambda: float(budget.in_use_bytes))
+        waiting = Gauge(
+            "loghub_http_bodies_waiting",
+            "Requests waiting for room in the request-body budget.",
+            registry=self.registry,
+        )
+        waiting.set_function(lambda: float(budget.waiting))
 
     def watch_service(self, source: SnapshotSource) -> None:
         """Registers the scrape-time gauges: disk, free space and consumer-group lag."""

@@ -618,7 +618,8 @@ class LogHubService:
         accept_compress: str,
         bytes_max: int | None = None,
     ) -> PullResult:
-        """Reads stored groups and compresses the reply. Blocking: call from a storage thread.
+        """Reads stored groups and makes the reply (kept lz4 blocks joined, see
+        ``loghub.wire.stored``). Blocking: call from a storage thread.
         ``bytes_max`` (LogHub's own, optional) lowers the reply's raw-byte limit below
         ``Limits.pull_bytes_max``; the first group is returned whatever its size."""
         limits = self.config.limits
@@ -635,8 +636,8 @@ class LogHubService:
             raise InvalidCursor(f"end_cursor {end_cursor} is before cursor {cursor}")
         quota, quota_key = self.shard_quota(store), (project, logstore, shard_id)
         self.quotas.admit_read(quota_key, quota)
-        # the stored bytes are already framed as LogGroupList entries: packed together in one
-        # reused buffer they are the reply's raw body
+        # the stored entries, packed together in one reused buffer, make the reply: framed
+        # ones are LogGroupList entries as they are, kept lz4 blocks are joined or expanded
         buffer = self.read_buffers.take()
         try:
             try:
