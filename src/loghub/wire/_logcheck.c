@@ -365,34 +365,46 @@ static PyObject *scan(PyObject *module, PyObject *arg) {
     return Py_BuildValue("(iLii)", OK, walk.log_count, 0, 0);
 }
 
+/* The literal run of the token at `at`: its length, where its bytes start, the match nibble;
+ * -1 when it does not fit the block. */
+static int literal_run(const uint8_t *block, size_t size, size_t at, size_t *literals,
+                       size_t *literals_at, unsigned *nibble) {
+    if (at >= size) return -1;
+    unsigned token = block[at++];
+    size_t length = token >> 4;
+    if (length == 15) {
+        unsigned extra;
+        do {
+            if (at >= size) return -1;
+            extra = block[at++];
+            length += extra;
+        } while (extra == 255);
+    }
+    if (length > size - at) return -1;
+    *literals = length;
+    *literals_at = at;
+    *nibble = token & 15;
+    return 0;
+}
+
 /* Where the last sequence (literals only) of an LZ4 block starts, or -1 when the block's
  * sequences do not end exactly at its end. The twin of lz4_last_sequence_python in
  * loghub/wire/stored.py, step for step. */
 static long long lz4_last(const uint8_t *block, Py_ssize_t size) {
-    Py_ssize_t at = 0;
+    size_t at = 0, literals, literals_at;
+    unsigned nibble;
     for (;;) {
-        if (at >= size) return -1;
-        Py_ssize_t start = at;
-        uint8_t token = block[at++];
-        Py_ssize_t literals = token >> 4;
-        if (literals == 15) {
-            uint8_t extra;
-            do {
-                if (at >= size) return -1;
-                extra = block[at++];
-                literals += extra;
-            } while (extra == 255);
-        }
-        if (literals > size - at) return -1;
-        at += literals;
-        if (at == size) return (long long)start;
-        if (at + 2 > size) return -1;
+        size_t start = at;
+        if (literal_run(block, (size_t)size, at, &literals, &literals_at, &nibble) < 0) return -1;
+        at = literals_at + literals;
+        if (at == (size_t)size) return (long long)start;
+        if (at + 2 > (size_t)size) return -1;
         if (block[at] == 0 && block[at + 1] == 0) return -1; /* offset 0 is invalid */
         at += 2;
-        if ((token & 15) == 15) {
+        if (nibble == 15) {
             uint8_t extra;
             do {
-                if (at >= size) return -1;
+                if (at >= (size_t)size) return -1;
                 extra = block[at++];
             } while (extra == 255);
         }
@@ -470,6 +482,30 @@ static uint32_t le32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* The LogGroupList framing of a group of `raw` bytes (0x0A, then its length as a varint)
+ * into `framing` (6 bytes of room); returns its length. */
+static size_t put_framing(uint8_t framing[6], uint32_t raw) {
+    size_t size = 0;
+    framing[size++] = 0x0A;
+    while (raw > 0x7F) {
+        framing[size++] = (uint8_t)((raw & 0x7F) | 0x80);
+        raw >>= 7;
+    }
+    framing[size++] = (uint8_t)raw;
+    return size;
+}
+
+/* The head of the lz4 entry at `in[at]` (see stored.py): 0, or -1 when it does not fit. */
+static int entry_head(const uint8_t *in, Py_ssize_t size, Py_ssize_t at, uint32_t *raw,
+                      uint32_t *block_size, uint32_t *last) {
+    if (size - at < 13) return -1;
+    *raw = le32(in + at + 1);
+    *block_size = le32(in + at + 5);
+    *last = le32(in + at + 9);
+    if ((Py_ssize_t)*block_size > size - at - 13 || *last >= *block_size) return -1;
+    return 0;
+}
+
 /* The twin of expand_python in loghub/wire/stored.py: stored entries to the serialized
  * LogGroupList, in one new bytes object of `expanded_size` bytes. -1 on a malformed entry
  * or a size that is not the entries'. */
@@ -477,20 +513,11 @@ static int expand_into(const uint8_t *in, Py_ssize_t size, uint8_t *out, Py_ssiz
     Py_ssize_t at = 0, produced = 0;
     while (at < size) {
         if (in[at] == 0xFF) {
-            if (size - at < 13) return -1;
-            uint32_t raw = le32(in + at + 1), block_size = le32(in + at + 5);
-            uint32_t last = le32(in + at + 9);
+            uint32_t raw, block_size, last;
+            if (entry_head(in, size, at, &raw, &block_size, &last) < 0) return -1;
             Py_ssize_t start = at + 13;
-            if ((Py_ssize_t)block_size > size - start || last >= block_size) return -1;
             uint8_t framing[6];
-            Py_ssize_t framing_size = 0;
-            framing[framing_size++] = 0x0A;
-            uint32_t value = raw;
-            while (value > 0x7F) {
-                framing[framing_size++] = (uint8_t)((value & 0x7F) | 0x80);
-                value >>= 7;
-            }
-            framing[framing_size++] = (uint8_t)value;
+            Py_ssize_t framing_size = (Py_ssize_t)put_framing(framing, raw);
             if (framing_size + (Py_ssize_t)raw > out_size - produced) return -1;
             memcpy(out + produced, framing, (size_t)framing_size);
             produced += framing_size;
@@ -590,28 +617,6 @@ static int put_token(Bytes *out, size_t literals, unsigned match_nibble) {
     return bytes_put(out, &last, 1);
 }
 
-/* The literal run of the token at `at`: its length, where its bytes start, the match nibble;
- * -1 when it does not fit the block. */
-static int literal_run(const uint8_t *block, size_t size, size_t at, size_t *literals,
-                       size_t *literals_at, unsigned *nibble) {
-    if (at >= size) return -1;
-    unsigned token = block[at++];
-    size_t length = token >> 4;
-    if (length == 15) {
-        unsigned extra;
-        do {
-            if (at >= size) return -1;
-            extra = block[at++];
-            length += extra;
-        } while (extra == 255);
-    }
-    if (length > size - at) return -1;
-    *literals = length;
-    *literals_at = at;
-    *nibble = token & 15;
-    return 0;
-}
-
 /* 0: joined; 1: a framed entry is there (the caller joins in Python, compressing such runs);
  * -1: malformed entries; -2: out of memory. */
 static int join_blocks(const uint8_t *in, Py_ssize_t size, Bytes *out, Bytes *pending,
@@ -619,20 +624,11 @@ static int join_blocks(const uint8_t *in, Py_ssize_t size, Bytes *out, Bytes *pe
     Py_ssize_t at = 0;
     while (at < size) {
         if (in[at] != 0xFF) return 1;
-        if (size - at < 13) return -1;
-        uint32_t raw = le32(in + at + 1), block_size = le32(in + at + 5);
-        uint32_t last = le32(in + at + 9);
+        uint32_t raw, block_size, last;
+        if (entry_head(in, size, at, &raw, &block_size, &last) < 0) return -1;
         const uint8_t *block = in + at + 13;
-        if ((Py_ssize_t)block_size > size - at - 13 || last >= block_size) return -1;
         uint8_t framing[6];
-        size_t framing_size = 0;
-        framing[framing_size++] = 0x0A;
-        uint32_t value = raw;
-        while (value > 0x7F) {
-            framing[framing_size++] = (uint8_t)((value & 0x7F) | 0x80);
-            value >>= 7;
-        }
-        framing[framing_size++] = (uint8_t)value;
+        size_t framing_size = put_framing(framing, raw);
         if (bytes_put(pending, framing, framing_size) < 0) return -2;
         size_t literals, literals_at, tail, tail_at;
         unsigned nibble, tail_nibble;
