@@ -122,8 +122,11 @@ def test_a_data_dir_with_a_segment_of_a_newer_format_is_refused_at_start(
     before = segment_files(data_dir)
 
     server = ServerProcess(data_dir, extra_args=SEGMENT_ARGS)
-    with pytest.raises(RuntimeError, match="server exited with 2") as caught:
-        server.start(timeout_s=30)
+    try:
+        with pytest.raises(RuntimeError, match="server exited with 2") as caught:
+            server.start(timeout_s=30)
+    finally:
+        server.stop()  # a server that started after all is not left running
     assert f"segment format {SEGMENT_FORMAT_VERSION + 1} was written by a newer" in str(
         caught.value
     )
