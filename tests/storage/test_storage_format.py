@@ -135,9 +135,16 @@ def test_a_format_1_shard_upgrades_in_place_and_reads_as_before(tmp_path: Path) 
         reopened.close()
 
 
-def test_an_empty_format_1_active_segment_gets_its_header_in_place(tmp_path: Path) -> None:
+@pytest.mark.parametrize("older", [1, 2])
+def test_an_empty_active_segment_of_an_older_format_gets_the_header_in_place(
+    tmp_path: Path, older: int
+) -> None:
     shard = tmp_path / "shard"
-    make_format_1_shard(shard, [(0, 3), (3, 0)])  # retention left an empty active segment
+    if older == 1:
+        make_format_1_shard(shard, [(0, 3), (3, 0)])  # retention left an empty active segment
+    else:
+        make_format_2_segment(shard, 0, 3)
+        make_format_2_segment(shard, 3, 0)
 
     log = ShardLog.open(shard, CONFIG, FakeClock())
     try:
@@ -168,20 +175,6 @@ def test_a_format_2_segment_is_read_as_before_and_new_records_go_to_a_format_3_o
     new = (shard / f"{4:020d}.log").read_bytes()
     assert new[:SEGMENT_HEADER_BYTES] == encode_segment_header()
     assert segment_format(new) == SEGMENT_FORMAT_VERSION == 3
-
-
-def test_an_empty_format_2_active_segment_gets_the_new_header_in_place(tmp_path: Path) -> None:
-    shard = tmp_path / "shard"
-    make_format_2_segment(shard, 0, 3)
-    make_format_2_segment(shard, 3, 0)
-    log = ShardLog.open(shard, CONFIG, FakeClock())
-    try:
-        assert log.append(b"after", 2_000) == 3
-    finally:
-        log.close()
-    assert segment_base_sequences(shard) == [0, 3]
-    data = (shard / f"{3:020d}.log").read_bytes()
-    assert data == encode_segment_header() + encode_header(3, 2_000, b"after") + b"after"
 
 
 @pytest.mark.parametrize("position", ["active", "sealed"])

@@ -365,21 +365,26 @@ static PyObject *scan(PyObject *module, PyObject *arg) {
     return Py_BuildValue("(iLii)", OK, walk.log_count, 0, 0);
 }
 
+/* Adds to `length` the extension bytes at block[*at] (255 means another follows) and moves
+ * *at past them: 0, or -1 when the block ends first. */
+static int extend_length(const uint8_t *block, size_t size, size_t *at, size_t *length) {
+    unsigned extra;
+    do {
+        if (*at >= size) return -1;
+        extra = block[(*at)++];
+        *length += extra;
+    } while (extra == 255);
+    return 0;
+}
+
 /* The literal run of the token at `at`: its length, where its bytes start, the match nibble;
- * -1 when it does not fit the block. */
+ * -1 when it does not fit the block. As _literal_run in stored.py. */
 static int literal_run(const uint8_t *block, size_t size, size_t at, size_t *literals,
                        size_t *literals_at, unsigned *nibble) {
     if (at >= size) return -1;
     unsigned token = block[at++];
     size_t length = token >> 4;
-    if (length == 15) {
-        unsigned extra;
-        do {
-            if (at >= size) return -1;
-            extra = block[at++];
-            length += extra;
-        } while (extra == 255);
-    }
+    if (length == 15 && extend_length(block, size, &at, &length) < 0) return -1;
     if (length > size - at) return -1;
     *literals = length;
     *literals_at = at;
@@ -401,13 +406,8 @@ static long long lz4_last(const uint8_t *block, Py_ssize_t size) {
         if (at + 2 > (size_t)size) return -1;
         if (block[at] == 0 && block[at + 1] == 0) return -1; /* offset 0 is invalid */
         at += 2;
-        if (nibble == 15) {
-            uint8_t extra;
-            do {
-                if (at >= (size_t)size) return -1;
-                extra = block[at++];
-            } while (extra == 255);
-        }
+        size_t length = nibble;
+        if (nibble == 15 && extend_length(block, (size_t)size, &at, &length) < 0) return -1;
     }
 }
 
@@ -431,40 +431,24 @@ static PyObject *lz4_last_sequence(PyObject *module, PyObject *arg) {
  * within what this block wrote. 0, or -1 for anything else. Used on blocks that the server
  * decompressed with the reference decoder before it stored them; the bounds are checked all
  * the same, so that no input can write or read outside the buffers. */
-static int lz4_decode(const uint8_t *ip, Py_ssize_t size, uint8_t *dst, Py_ssize_t dst_size) {
-    const uint8_t *iend = ip + size;
+static int lz4_decode(const uint8_t *block, Py_ssize_t size, uint8_t *dst, Py_ssize_t dst_size) {
+    size_t at = 0, literals, literals_at;
+    unsigned nibble;
     uint8_t *op = dst;
     uint8_t *oend = dst + dst_size;
     for (;;) {
-        if (ip >= iend) return -1;
-        unsigned token = *ip++;
-        size_t literals = token >> 4;
-        if (literals == 15) {
-            unsigned extra;
-            do {
-                if (ip >= iend) return -1;
-                extra = *ip++;
-                literals += extra;
-            } while (extra == 255);
-        }
-        if (literals > (size_t)(iend - ip) || literals > (size_t)(oend - op)) return -1;
-        memcpy(op, ip, literals);
+        if (literal_run(block, (size_t)size, at, &literals, &literals_at, &nibble) < 0) return -1;
+        if (literals > (size_t)(oend - op)) return -1;
+        memcpy(op, block + literals_at, literals);
         op += literals;
-        ip += literals;
-        if (ip == iend) break; /* the last sequence: literals only */
-        if (iend - ip < 2) return -1;
-        size_t offset = (size_t)ip[0] | (size_t)ip[1] << 8;
-        ip += 2;
+        at = literals_at + literals;
+        if (at == (size_t)size) break; /* the last sequence: literals only */
+        if ((size_t)size - at < 2) return -1;
+        size_t offset = (size_t)block[at] | (size_t)block[at + 1] << 8;
+        at += 2;
         if (offset == 0 || offset > (size_t)(op - dst)) return -1;
-        size_t length = token & 15;
-        if (length == 15) {
-            unsigned extra;
-            do {
-                if (ip >= iend) return -1;
-                extra = *ip++;
-                length += extra;
-            } while (extra == 255);
-        }
+        size_t length = nibble;
+        if (nibble == 15 && extend_length(block, (size_t)size, &at, &length) < 0) return -1;
         length += 4;
         if (length > (size_t)(oend - op)) return -1;
         const uint8_t *match = op - offset;
@@ -664,7 +648,9 @@ static PyObject *lz4_join(PyObject *module, PyObject *arg) {
     size_t room = (size_t)view.len + (size_t)view.len / 64 + 64;
     out.data = malloc(room);
     out.room = out.data == NULL ? 0 : room;
-    status = out.data == NULL ? -2 : join_blocks((const uint8_t *)view.buf, view.len, &out, &pending, &raw_total);
+    status = out.data == NULL
+                 ? -2
+                 : join_blocks((const uint8_t *)view.buf, view.len, &out, &pending, &raw_total);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     free(pending.data);

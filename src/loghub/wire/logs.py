@@ -47,6 +47,7 @@ __all__ = [
     "LogDict",
     "LogGroupDict",
     "frame_log_group",
+    "log_group_list_entry_head",
     "log_group_to_dict",
     "make_log_group",
     "parse_log_group",
@@ -120,7 +121,13 @@ def _parse(message_class: type[LogGroup], raw: bytes) -> LogGroup:
 
 def frame_log_group(raw: bytes) -> bytes:
     """``raw`` (a serialized ``LogGroup``) as one entry of a serialized ``LogGroupList``."""
-    return _LOG_GROUP_LIST_ENTRY_TAG + _varint(len(raw)) + raw
+    return log_group_list_entry_head(len(raw)) + raw
+
+
+def log_group_list_entry_head(size: int) -> bytes:
+    """What comes before a ``size``-byte ``LogGroup`` in a serialized ``LogGroupList``: the
+    field's tag and the group's length."""
+    return _LOG_GROUP_LIST_ENTRY_TAG + _varint(size)
 
 
 def split_log_group_list(data: bytes) -> list[bytes]:

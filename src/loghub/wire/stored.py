@@ -51,7 +51,7 @@ from typing import Final
 import lz4.block
 
 from loghub.wire.compression import compress
-from loghub.wire.logs import frame_log_group
+from loghub.wire.logs import frame_log_group, log_group_list_entry_head
 
 __all__ = [
     "LZ4_ENTRY_HEAD_BYTES",
@@ -59,7 +59,6 @@ __all__ = [
     "expand",
     "expand_python",
     "expanded_size",
-    "has_lz4_entries",
     "lz4_entry",
     "lz4_last_sequence",
     "lz4_last_sequence_python",
@@ -72,8 +71,36 @@ __all__ = [
 LZ4_ENTRY_MARK: Final = 0xFF
 LZ4_ENTRY_HEAD_BYTES: Final = 13
 _HEAD = struct.Struct("<BIII")
-_FRAMED_TAG: Final = 0x0A
+_FRAMED_TAG: Final = 0x0A  # the tag of a LogGroupList entry (``log_group_list_entry_head``)
 _U32_MAX: Final = 2**32 - 1
+
+
+def _extended(block: bytes | bytearray | memoryview, at: int, length: int) -> tuple[int, int]:
+    """``length`` plus the extension bytes from ``at`` (255 means another follows), and
+    where they end; (-1, at) when the block ends first."""
+    while True:
+        if at >= len(block):
+            return -1, at
+        extra = block[at]
+        at += 1
+        length += extra
+        if extra != 255:
+            return length, at
+
+
+def _literal_run(block: bytes | bytearray | memoryview, at: int) -> tuple[int, int, int]:
+    """(literal length, where the literals start, the match nibble) of the token at ``at``;
+    a literal length of -1 when the run does not fit the block. As ``literal_run`` in
+    ``_logcheck.c``."""
+    if at >= len(block):
+        return -1, at, 0
+    token = block[at]
+    literals, at = token >> 4, at + 1
+    if literals == 15:
+        literals, at = _extended(block, at, literals)
+    if literals > len(block) - at:
+        return -1, at, 0
+    return literals, at, token & 15
 
 
 def lz4_last_sequence_python(block: bytes | bytearray | memoryview) -> int:
@@ -82,22 +109,11 @@ def lz4_last_sequence_python(block: bytes | bytearray | memoryview) -> int:
     size = len(block)
     at = 0
     while True:
-        if at >= size:
-            return -1
         start = at
-        token = block[at]
-        at += 1
-        literals = token >> 4
-        if literals == 15:
-            while True:
-                if at >= size:
-                    return -1
-                extra = block[at]
-                at += 1
-                literals += extra
-                if extra != 255:
-                    break
-        at += literals
+        literals, literals_at, match_nibble = _literal_run(block, at)
+        if literals < 0:
+            return -1
+        at = literals_at + literals
         if at == size:
             return start
         if at + 2 > size:
@@ -105,14 +121,10 @@ def lz4_last_sequence_python(block: bytes | bytearray | memoryview) -> int:
         if block[at] == 0 and block[at + 1] == 0:
             return -1  # offset 0 is invalid
         at += 2
-        if token & 15 == 15:
-            while True:
-                if at >= size:
-                    return -1
-                extra = block[at]
-                at += 1
-                if extra != 255:
-                    break
+        if match_nibble == 15:
+            length, at = _extended(block, at, 0)
+            if length < 0:
+                return -1
 
 
 try:
@@ -155,22 +167,9 @@ def reply_body(
     return compress(compress_type, expand(data, expanded_size))
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _framing(raw_size: int) -> bytes:
-    return bytes((_FRAMED_TAG,)) + _varint(raw_size)
-
-
 def expanded_size(raw_size: int) -> int:
     """The bytes of the framed entry of a LogGroup of ``raw_size`` bytes."""
-    return 1 + len(_varint(raw_size)) + raw_size
+    return len(log_group_list_entry_head(raw_size)) + raw_size
 
 
 def _entries(data: memoryview) -> Iterator[tuple[int, int, int, int]]:
@@ -207,12 +206,6 @@ def _entries(data: memoryview) -> Iterator[tuple[int, int, int, int]]:
         at = end
 
 
-def has_lz4_entries(data: bytes | bytearray | memoryview) -> bool:
-    """Whether any entry of ``data`` is kept lz4-compressed."""
-    with memoryview(data) as view:
-        return any(raw_size >= 0 for _s, _e, raw_size, _l in _entries(view))
-
-
 def expand_python(data: bytes | bytearray | memoryview, expanded_size: int) -> bytes:
     """The serialized ``LogGroupList`` of stored entries (``expanded_size`` bytes: what the
     read counted them as): lz4 entries decompressed and framed, framed ones as they are.
@@ -230,7 +223,7 @@ def expand_python(data: bytes | bytearray | memoryview, expanded_size: int) -> b
                 raise ValueError(f"an lz4 entry at {start} does not decode: {exc}") from None
             if len(group) != raw_size:
                 raise ValueError(f"an lz4 entry at {start} decodes to {len(group)} bytes")
-            parts += (_framing(raw_size), group)
+            parts += (log_group_list_entry_head(raw_size), group)
         out = b"".join(parts)
     if len(out) != expanded_size:
         raise ValueError(f"the entries expand to {len(out)} bytes, not {expanded_size}")
@@ -246,21 +239,6 @@ else:
     # returns a copy of its own buffer, which for a pull of megabytes is a second fresh
     # allocation and its page faults.
     expand = _compiled_expand
-
-
-def _literal_run(block: memoryview, at: int) -> tuple[int, int, int]:
-    """(literal length, where the literals start, the match nibble) of the token at ``at``."""
-    token = block[at]
-    literals = token >> 4
-    at += 1
-    if literals == 15:
-        while True:
-            extra = block[at]
-            at += 1
-            literals += extra
-            if extra != 255:
-                break
-    return literals, at, token & 15
 
 
 def _token(out: bytearray, literals: int, match_nibble: int) -> None:
@@ -328,7 +306,8 @@ def lz4_reply_python(data: bytes | bytearray | memoryview) -> tuple[bytes, int]:
             if plain_from >= 0:
                 joiner.join_plain(view[plain_from:start])
                 plain_from = -1
-            joiner.join(_framing(raw_size), view[start + LZ4_ENTRY_HEAD_BYTES : end], last)
+            block = view[start + LZ4_ENTRY_HEAD_BYTES : end]
+            joiner.join(log_group_list_entry_head(raw_size), block, last)
             raw_total += expanded_size(raw_size)
         if plain_from >= 0:
             joiner.join_plain(view[plain_from:])
