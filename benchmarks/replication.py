@@ -485,7 +485,7 @@ def main() -> None:
 
 def summarise(series: dict[int, Series], args: argparse.Namespace) -> list[Row]:
     one, three = series[1], series[3]
-    ratio = median(three.logs_per_s) / median(one.logs_per_s) if one.logs_per_s else float("nan")
+    ratio = median(three.logs_per_s) / (median(one.logs_per_s) or float("nan"))
     added_p50 = [b - a for a, b in zip(one.p50_ms, three.p50_ms, strict=True)]
     added_p99 = [b - a for a, b in zip(one.p99_ms, three.p99_ms, strict=True)]
     print(f"summary, median (min-max) of {args.runs} runs ({load_average()}):")

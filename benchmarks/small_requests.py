@@ -517,13 +517,22 @@ def pull_pass(
         line += (
             f", Redis XRANGE {fmt_int(redis_rate)} logs/s "
             f"({1e6 * redis_cpu_s / redis_logs if redis_logs else 0:.2f} server CPU-us/log; "
-            f"{fmt_int(logs_read)} vs {fmt_int(redis_logs)} logs), ratio {rate / redis_rate:.2f}"
+            f"{fmt_int(logs_read)} vs {fmt_int(redis_logs)} logs), "
+            + _times(rate, [redis_rate], "XRANGE")
         )
     print(line)
 
 
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def _times(rate: float, reference: list[float], label: str) -> str:
+    """``rate`` over the median of ``reference`` as "1.23x <label>"; a reference that
+    finished no request in its window (a disk that stalled longer than a smoke run's
+    half-second) gives no ratio rather than a division by zero."""
+    median = _median(reference)
+    return f"{rate / median:.2f}x {label}" if median > 0 else f"no ratio to {label} (0 logs/s)"
 
 
 def _summarise(
@@ -539,11 +548,11 @@ def _summarise(
         always = results.get(("redis-aof-always", logs, connections), [])
         memory = results.get(("redis-memory", logs, connections), [])
         mine_rate = _median([f.logs_per_s for f in mine])
-        ratios = []
-        if always:
-            ratios.append(f"{mine_rate / _median([f.logs_per_s for f in always]):.2f}x AOF always")
-        if memory:
-            ratios.append(f"{mine_rate / _median([f.logs_per_s for f in memory]):.2f}x in memory")
+        ratios = [
+            _times(mine_rate, [f.logs_per_s for f in peer], label)
+            for peer, label in ((always, "AOF always"), (memory, "in memory"))
+            if peer
+        ]
         cpu = _median([f.cpu_us_per_request for f in mine])
         fsyncs = _median([f.fsyncs_per_s for f in mine])
         print(

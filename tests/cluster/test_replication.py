@@ -50,6 +50,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LogHubCluster]
             _clients.clear()
 
 
+@pytest.fixture(autouse=True)
+def every_node_running_after(cluster: LogHubCluster) -> Iterator[None]:
+    """Starts again the nodes a test killed and did not bring back (it failed half-way):
+    the next test then finds three nodes, and fails, if it does, for its own reasons."""
+    yield
+    for index in range(len(cluster.nodes)):
+        if not alive(cluster, index):
+            cluster.start_node(index)
+
+
 _clients: dict[tuple[str, float], LogHubClient] = {}
 
 

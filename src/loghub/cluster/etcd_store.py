@@ -324,18 +324,32 @@ class EtcdStore:
         """Writes ``value`` if ``key`` was last modified at ``expected_mod_revision`` (0: the
         key must not exist) and, with a fence, the fencing key still has its create revision.
         False when the key moved on; FencedError when the fence no longer holds."""
+        return await self.swap_revision(key, value, expected_mod_revision, fence) is not None
+
+    async def swap_revision(
+        self,
+        key: str,
+        value: bytes,
+        expected_mod_revision: int,
+        fence: Fence | None = None,
+    ) -> int | None:
+        """``compare_and_swap`` that gives the revision the write made (the key's new mod
+        revision), or None when the key moved on: a writer that acts on what it wrote needs
+        no second read, in which the store already shows the change to others."""
         txn = self._client.transactions
         compare = [txn.mod(key.encode()) == expected_mod_revision]
         if fence is not None:
             compare.append(txn.create(fence.key.encode()) == fence.create_revision)
-        succeeded, _ = await self._txn("compare_and_swap", compare, [txn.put(key.encode(), value)])
+        succeeded, responses = await self._txn(
+            "compare_and_swap", compare, [txn.put(key.encode(), value)]
+        )
         if succeeded:
-            return True
+            return int(responses[0].response_put.header.revision)
         if fence is not None:
             holder = await self.get(fence.key)
             if holder is None or holder.create_revision != fence.create_revision:
                 raise FencedError(f"{fence.key} is held by another since {fence} was taken")
-        return False
+        return None
 
     async def delete(self, key: str, fence: Fence | None = None) -> bool:
         txn = self._client.transactions

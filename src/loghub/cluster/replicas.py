@@ -26,7 +26,7 @@ shard would fail the compare-and-swap of every other.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from loghub.cluster.etcd_store import EtcdStore, Fence
 from loghub.metadata.cluster_store import ShardLeadership
@@ -121,8 +121,15 @@ class ReplicaRecord:
         """Writes ``changed`` in place of this record if the key is still at this record's
         mod revision (and, with ``fence``, the controller still holds its role); False
         when it moved on (read it again)."""
+        return await self.swap_written(store, changed, fence) is not None
+
+    async def swap_written(
+        self, store: EtcdStore, changed: ReplicaRecord, fence: Fence | None = None
+    ) -> ReplicaRecord | None:
+        """``swap`` that gives ``changed`` as written (at its new mod revision), or None."""
         key = replica_key(self.project, self.logstore, self.shard_id)
-        return await store.compare_and_swap(key, changed.encode(), self.mod_revision, fence)
+        revision = await store.swap_revision(key, changed.encode(), self.mod_revision, fence)
+        return None if revision is None else replace(changed, mod_revision=revision)
 
 
 async def read_replica_records_at(store: EtcdStore) -> tuple[dict[ShardKey, ReplicaRecord], int]:

@@ -43,7 +43,7 @@ from typing import Protocol
 
 from loghub.cluster.etcd_store import EtcdStore
 from loghub.cluster.membership import NodeInfo
-from loghub.cluster.replicas import ReplicaRecord, ShardKey, completed, replica_key
+from loghub.cluster.replicas import ReplicaRecord, ShardKey, completed
 from loghub.coordination.replica import (
     EpochCache,
     EpochEndOffset,
@@ -576,18 +576,17 @@ class ReplicaManager:
         if wanted is None:
             return
         changed = leading.record.with_leadership(replace(leading.state.record, isr=wanted))
-        if not await leading.record.swap(self._store, changed):
+        fresh = await leading.record.swap_written(self._store, changed)
+        if fresh is None:
             return  # the record moved on: the watch brings it (and maybe a new leader)
-        entry = await self._store.get(replica_key(*key))
-        if entry is None or leading.deposed:
-            return
-        fresh = ReplicaRecord.decode(entry.key, entry.value, entry.mod_revision)
-        if (fresh.leader, fresh.epoch, fresh.isr) == (self.node_id, leading.state.leader_epoch,
-                                                      wanted):  # fmt: skip
-            leading.record = fresh
-            leading.state = replace(leading.state, record=fresh.leadership())
-            leading.advance()
-            log.info("%s/%s shard %d: ISR now %s", key[0], key[1], key[2], list(wanted))
+        if leading.deposed or fresh.mod_revision <= leading.state.record.version:
+            return  # the watch was faster and applied it (or what came after it)
+        # applied the moment the store answers, without a second read: a client that sees
+        # the new ISR in the store then finds this leader already counting it
+        leading.record = fresh
+        leading.state = replace(leading.state, record=fresh.leadership())
+        leading.advance()
+        log.info("%s/%s shard %d: ISR now %s", key[0], key[1], key[2], list(wanted))
 
     async def _complete_reassignment(self, leading: _Leading) -> None:
         """Ends a reassignment whose target replicas are all in sync (the leader is one of
