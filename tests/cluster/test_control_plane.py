@@ -64,6 +64,11 @@ def test_compare_and_swap_applies_once_and_reports_a_stale_revision(etcd: EtcdCl
             assert not await store.compare_and_swap("/t/cas", b"c", first.mod_revision)
             final = await store.get("/t/cas")
             assert final is not None and final.value == b"b"
+            # the revision a swap reports is the one the key then has
+            revision = await store.swap_revision("/t/cas", b"d", final.mod_revision)
+            after = await store.get("/t/cas")
+            assert after is not None and after.value == b"d" and revision == after.mod_revision
+            assert await store.swap_revision("/t/cas", b"e", final.mod_revision) is None
 
     run(scenario())
 
