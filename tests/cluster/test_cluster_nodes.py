@@ -397,30 +397,36 @@ def test_every_node_exports_the_cluster_status_as_metrics(cluster: LogHubCluster
             for family in text_string_to_metric_families(reply.text)
         }
 
+    def expected() -> dict[str, list[tuple[dict[str, str], float]]]:
+        status = cluster.status()
+        assert sum(n["shards"] for n in status["nodes"]) > 0  # type: ignore[attr-defined]
+        return {
+            "loghub_cluster_nodes": [({}, 3.0)],
+            "loghub_cluster_controller_epoch": [
+                ({"node": status["controller"]}, float(status["controller_epoch"]))  # type: ignore[arg-type]
+            ],
+            "loghub_cluster_node_shards": [
+                ({"node": n["node"], "rack": n["rack"], "draining": "0"}, float(n["shards"]))
+                for n in status["nodes"]  # type: ignore[attr-defined]
+            ],
+            "loghub_cluster_unavailable_shards": [({}, 0.0)],
+            "loghub_cluster_handovers": [({}, 0.0)],
+            "loghub_cluster_under_replicated_shards": [({}, 0.0)],
+        }
+
     cluster.wait_placed()
-    status = cluster.status()
-    expected = {
-        "loghub_cluster_nodes": [({}, 3.0)],
-        "loghub_cluster_controller_epoch": [
-            ({"node": status["controller"]}, float(status["controller_epoch"]))  # type: ignore[arg-type]
-        ],
-        "loghub_cluster_node_shards": [
-            ({"node": n["node"], "rack": n["rack"], "draining": "0"}, float(n["shards"]))
-            for n in status["nodes"]  # type: ignore[attr-defined]
-        ],
-        "loghub_cluster_unavailable_shards": [({}, 0.0)],
-        "loghub_cluster_handovers": [({}, 0.0)],
-        "loghub_cluster_under_replicated_shards": [({}, 0.0)],
-    }
-    assert sum(n["shards"] for n in status["nodes"]) > 0  # type: ignore[attr-defined]
     for node in cluster.nodes:
-        deadline = time.monotonic() + 5
-        while True:  # a node's view follows etcd's by its watch's delay
+        deadline = time.monotonic() + 10
+        while True:
+            # a node's view follows etcd's by its watch's delay, and the status read from
+            # etcd is read again each time: the controller may still move a shard after the
+            # cluster settled, and then both change
+            want = expected()
             families = scrape(node)
-            seen = {name: families.get(name) for name in expected}
-            if seen == expected:
+            seen = {name: families.get(name) for name in want}
+            if seen == want:
                 break
-            assert time.monotonic() < deadline, (node.endpoint, seen, expected)
+            assert time.monotonic() < deadline, (node.endpoint, seen, want)
             time.sleep(0.1)
 
 

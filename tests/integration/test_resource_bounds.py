@@ -182,7 +182,11 @@ def _hold_the_budget(server: ServerProcess) -> socket.socket:
     deadline = time.monotonic() + 10
     while _gauge(server, "loghub_http_body_bytes_in_use") < BUDGET_BYTES:
         assert time.monotonic() < deadline, "the holder's body never took the budget"
+        # a byte a poll: on a busy machine the polls took longer than the body timeout,
+        # which then cut the holder and freed the room the caller counts on
+        holder.send(b"x")
         time.sleep(0.05)
+    holder.send(b"x")  # the caller's body timeout starts now
     return holder
 
 
@@ -309,8 +313,10 @@ def test_body_waiting_for_room_is_not_cut_as_stalled(server: ServerProcess) -> N
     """A large body the server stopped reading (no room yet) outlives the body timeout, and
     is read and answered once the room is free."""
     body = b"y" * (4 * 1024 * 1024)  # well over what the server and the kernel buffer
-    holder = _hold_the_budget(server)
-    with _connect(server) as waiting:
+    with _hold_the_budget(server) as holder, _connect(server) as waiting:
+        # a send buffer of fixed size: the kernel's autotuning grows it up to tcp_wmem's
+        # maximum (4 MiB here), which then held the whole body without the server reading it
+        waiting.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 256 * 1024)
         waiting.sendall(_head("/logstores/s/shards/lb", length=len(body), host="p.127.0.0.1"))
         waiting.setblocking(False)
         sent = 0
