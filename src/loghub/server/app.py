@@ -807,9 +807,12 @@ class LogHubApp:
         if call.method == "GET" and kind is not None:
             _refuse_selectors(call)
         if call.method == "POST" and kind == "heartbeat":
-            granted = await self._blocking(
-                groups.heartbeat, project, logstore, name, consumer, call.json_body()
-            )
+            held = call.json_body()
+            granted = groups.heartbeat_in_memory(project, logstore, name, consumer, held)
+            if granted is None:
+                granted = await self._blocking(
+                    groups.heartbeat, project, logstore, name, consumer, held
+                )
             return _json(granted, call.request_id)
         if call.method == "POST" and kind == "checkpoint":
             force = (call.optional("forceSuccess") or "true").lower() == "true"

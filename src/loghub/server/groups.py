@@ -198,26 +198,61 @@ class GroupService:
     def heartbeat(
         self, project: str, logstore: str, name: str, consumer: str, held: Any
     ) -> list[int]:
-        if not isinstance(held, list) or len(held) > _HELD_SHARDS_MAX:
-            raise ParameterInvalid("a heartbeat body is a JSON array of shard ids")
-        held = [
-            json_int(s, "a held shard id", ParameterInvalid, low=0, high=_SHARD_ID_MAX)
-            for s in held
-        ]
-        if not consumer:
-            raise ParameterInvalid("the query parameter consumer is required")
+        held = _held_shards(consumer, held)
         live = self._live_group(project, logstore, name)
         with live.lock:
-            views = self._shard_views(project, logstore, name, live)
-            version_before = live.group.version
-            if live.assignments_version != version_before:
-                live.assignments = live.group.assignments()
-                live.assignments_version = version_before
-            granted = live.group.heartbeat(consumer, held, views, self._clock.monotonic_ms())
-            self._observe(project, logstore, name, live)
-            if self.persistence is not None:
-                self._save(project, logstore, name, live)
-            return granted
+            return self._heartbeat_locked(project, logstore, name, consumer, held, live)
+
+    def heartbeat_in_memory(
+        self, project: str, logstore: str, name: str, consumer: str, held: Any
+    ) -> list[int] | None:
+        """``heartbeat`` when it can be answered from memory at once, else None (call
+        ``heartbeat`` off the event loop then). The server answers most heartbeats this
+        way on its event loop: a hop to a storage thread and back cost a heartbeat more
+        than the round itself (two thread wake-ups for a few microseconds of work), about
+        a quarter of its server CPU at 100 consumers x 1,000 shards (0.82 -> 0.61 ms, see
+        ``docs/decisions.md``).
+
+        Memory only means: a single server (a cluster saves assignments in etcd and reads
+        shards of other nodes), a group already live (restoring one reads its saved state),
+        the same shard list as its last heartbeat with no read-only shard in it (whether
+        one is finished reads its log), and the group's lock free now (its holder may be
+        doing any of those)."""
+        if self.persistence is not None or self.is_remote is not None:
+            return None
+        held = _held_shards(consumer, held)
+        # raises as ``heartbeat`` would for a group or logstore that no longer exists
+        self._metadata.consumer_groups(project, logstore).get(project, logstore, name)
+        with self._lock:
+            live = self._live.get((project, logstore, name))
+        if live is None or not live.lock.acquire(blocking=False):
+            return None
+        try:
+            if live.readonly or self._metadata.list_shards(project, logstore) != live.shards:
+                return None
+            return self._heartbeat_locked(project, logstore, name, consumer, held, live)
+        finally:
+            live.lock.release()
+
+    def _heartbeat_locked(
+        self,
+        project: str,
+        logstore: str,
+        name: str,
+        consumer: str,
+        held: list[int],
+        live: _LiveGroup,
+    ) -> list[int]:
+        views = self._shard_views(project, logstore, name, live)
+        version_before = live.group.version
+        if live.assignments_version != version_before:
+            live.assignments = live.group.assignments()
+            live.assignments_version = version_before
+        granted = live.group.heartbeat(consumer, held, views, self._clock.monotonic_ms())
+        self._observe(project, logstore, name, live)
+        if self.persistence is not None:
+            self._save(project, logstore, name, live)
+        return granted
 
     def _save(self, project: str, logstore: str, name: str, live: _LiveGroup) -> None:
         """Saves the group's owners when they changed, before the reply goes out: a reply
@@ -492,6 +527,18 @@ class GroupService:
         if views != list(live.views):
             live.views = tuple(views)
         return live.views
+
+
+def _held_shards(consumer: str, held: Any) -> list[int]:
+    """A heartbeat's body (the shard ids its consumer holds), checked."""
+    if not isinstance(held, list) or len(held) > _HELD_SHARDS_MAX:
+        raise ParameterInvalid("a heartbeat body is a JSON array of shard ids")
+    shard_ids = [
+        json_int(s, "a held shard id", ParameterInvalid, low=0, high=_SHARD_ID_MAX) for s in held
+    ]
+    if not consumer:
+        raise ParameterInvalid("the query parameter consumer is required")
+    return shard_ids
 
 
 def _lag_s(shard_log: ShardLog, position: int, end_seq: int) -> float:
