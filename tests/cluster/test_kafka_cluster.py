@@ -22,6 +22,7 @@ import pytest
 from cluster_nodes import NODE_TTL_S, LogHubCluster, running_cluster
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer
 from confluent_kafka import TopicPartition as CkPartition
+from kafka_python_sockets import collected_at_module_end, ignore_unclosed_sockets  # noqa: F401
 from server_process import free_port
 
 from loghub.client import LogHubClient
@@ -35,7 +36,7 @@ with warnings.catch_warnings():  # kafka-python 3.0 reads its specs with a depre
     from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
     from kafka.admin import NewTopic
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), ignore_unclosed_sockets]
 
 PROJECT = "kproj"
 NOT_LEADER_OR_FOLLOWER = 6
@@ -143,10 +144,6 @@ def consume_group(
     return read
 
 
-# kafka-python's admin client can drop a connection it retried without closing it on a busy
-# machine (CI saw its socket collected inside the client's own selector); this test's own
-# sockets are all closed by `with`, so such a warning says nothing about the server.
-@pytest.mark.filterwarnings("ignore:unclosed <socket.socket:ResourceWarning")
 def test_clients_bootstrapped_from_one_node_reach_every_partition_leader(
     cluster: LogHubCluster,
 ) -> None:

@@ -18,6 +18,7 @@ import pytest
 from aliyun.log import LogClient, LogItem, PutLogsRequest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
+from kafka_python_sockets import collected_at_module_end, ignore_unclosed_sockets  # noqa: F401
 from server_process import ServerProcess, free_port
 
 from loghub.wire.kafka.codec import decode_response, encode_request
@@ -30,7 +31,7 @@ with warnings.catch_warnings():  # kafka-python 3.0 reads its specs with a depre
 
 PROJECT = "kafkaproj"
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), ignore_unclosed_sockets]
 
 
 @pytest.fixture(scope="module")
