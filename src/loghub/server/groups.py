@@ -201,7 +201,8 @@ class GroupService:
         held = _held_shards(consumer, held)
         live = self._live_group(project, logstore, name)
         with live.lock:
-            return self._heartbeat_locked(project, logstore, name, consumer, held, live)
+            views = self._shard_views(project, logstore, name, live)
+            return self._heartbeat_locked(project, logstore, name, consumer, held, live, views)
 
     def heartbeat_in_memory(
         self, project: str, logstore: str, name: str, consumer: str, held: Any
@@ -230,7 +231,9 @@ class GroupService:
         try:
             if live.readonly or self._metadata.list_shards(project, logstore) != live.shards:
                 return None
-            return self._heartbeat_locked(project, logstore, name, consumer, held, live)
+            # the same shards and none read-only: the views of the last heartbeat hold as
+            # they are (what ``_shard_views`` would hand out again, without listing anew)
+            return self._heartbeat_locked(project, logstore, name, consumer, held, live, live.views)
         finally:
             live.lock.release()
 
@@ -242,8 +245,8 @@ class GroupService:
         consumer: str,
         held: list[int],
         live: _LiveGroup,
+        views: tuple[ShardView, ...],
     ) -> list[int]:
-        views = self._shard_views(project, logstore, name, live)
         version_before = live.group.version
         if live.assignments_version != version_before:
             live.assignments = live.group.assignments()
