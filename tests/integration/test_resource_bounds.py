@@ -182,8 +182,8 @@ def _hold_the_budget(server: ServerProcess) -> socket.socket:
     deadline = time.monotonic() + 10
     while _gauge(server, "loghub_http_body_bytes_in_use") < BUDGET_BYTES:
         assert time.monotonic() < deadline, "the holder's body never took the budget"
-        # a byte a poll: on a busy machine the polls took longer than the body timeout,
-        # which then cut the holder and freed the room the caller counts on
+        # a byte a poll: on a busy machine the polls can take longer than the body timeout,
+        # which would cut the holder and free the room the caller counts on
         holder.send(b"x")
         time.sleep(0.05)
     holder.send(b"x")  # the caller's body timeout starts now
