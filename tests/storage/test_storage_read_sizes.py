@@ -4,6 +4,7 @@ payload reads, starts between offset index entries, the compiled walk and its fa
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis_budget import examples
 from storage_helpers import FakeClock
 
+import loghub.storage._gather
 import loghub.storage.segment
 from loghub.storage import ShardLog, StorageConfig
 from loghub.storage._gather import gather_python
@@ -79,3 +81,31 @@ def test_a_read_of_any_shape_returns_the_records_a_model_says(
         assert found == payloads[start : start + raw_count]
     finally:
         loghub.storage.segment.gather = original  # type: ignore[assignment]
+
+
+def test_a_small_read_into_a_large_kept_buffer_reads_no_more_of_the_file(
+    stored: tuple[ShardLog, list[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server keeps its read buffers between pulls, so one grown by a 16 MiB pull serves
+    the small ones after it. The walk must read what the read needs, not fill the buffer:
+    that cost every small pull a copy of megabytes from the page cache."""
+    log, _payloads = stored
+    read: list[int] = []
+    pread = os.pread
+
+    def counting_pread(fd: int, size: int, position: int) -> bytes:
+        data = pread(fd, size, position)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(loghub.storage.segment, "gather", gather_python)
+    monkeypatch.setattr(loghub.storage._gather.os, "pread", counting_pread)
+    for start in (0, 17, 40):
+        read.clear()
+        fresh = log.read_into(bytearray(), start, 3, 1_000)
+        read_fresh = sum(read)
+        read.clear()
+        large = bytearray(16 << 20)
+        kept = log.read_into(large, start, 3, 1_000)
+        assert (kept.count, kept.size_bytes) == (fresh.count, fresh.size_bytes)
+        assert sum(read) == read_fresh < 1 << 20

@@ -35,9 +35,13 @@ def records(payloads: list[bytes], base_seq: int) -> bytes:
     )
 
 
-def call_both(file: bytes, out_size: int, out_offset: int, *args: int | bool) -> tuple[Any, ...]:
+def call_both(
+    file: bytes, out_size: int, out_offset: int, *args: int | bool, read_max: int | None = None
+) -> tuple[Any, ...]:
     """Runs both walks over ``file`` (an in-memory file, as the page cache serves a segment)
-    on fresh, equal buffers; asserts they agree (answer and buffer)."""
+    on fresh, equal buffers; asserts they agree (answer and buffer). ``read_max`` defaults to
+    the buffer's room after ``out_offset``."""
+    read_max = out_size - out_offset if read_max is None else read_max
     answers = []
     buffers = []
     fd = os.memfd_create("segment")
@@ -47,7 +51,7 @@ def call_both(file: bytes, out_size: int, out_offset: int, *args: int | bool) ->
             if walk is None:
                 continue
             out = bytearray(b"\xee" * out_size)
-            answers.append(walk(fd, out, out_offset, *args))
+            answers.append(walk(fd, out, out_offset, *args, read_max))
             buffers.append(out)
     finally:
         os.close(fd)
@@ -104,6 +108,23 @@ def test_a_walk_asks_for_room_for_a_record_that_does_not_fit() -> None:
     assert HEADER.unpack_from(out, 0 + position)[5] == 500
 
 
+def test_a_walk_reads_no_more_than_read_max_of_a_larger_buffer() -> None:
+    """A kept buffer grown by a large pull must not make a small one read the file up to
+    the buffer's size: the walk stops at read_max and asks for room for what is past it."""
+    payloads = [bytes([index]) * 100 for index in range(50)]
+    file = records(payloads, 0)
+    size = len(file)
+    read_max = 3 * (HEADER_BYTES + 100) + 10
+    status, position, sequence, out_end, count, _taken, loaded_end, out = call_both(
+        file, 4 * size, 0, 0, size, 0, 0, 50, 50, 1 << 20, True, False, PAYLOAD_BYTES_MAX,
+        read_max=read_max,
+    )  # fmt: skip
+    assert loaded_end == read_max
+    assert (status, sequence, count) == (_gather.NEED_ROOM, 3, 3)
+    assert position == 3 * (HEADER_BYTES + 100)
+    assert bytes(out[:out_end]) == b"".join(payloads[:3])
+
+
 def test_the_first_record_is_taken_past_the_byte_limit_only_when_asked() -> None:
     file = records([b"x" * 100, b"y"], 0)
     size = len(file)
@@ -124,7 +145,7 @@ def intact_file(draw: st.DrawFn) -> tuple[list[bytes], int]:
 
 
 @st.composite
-def walks(draw: st.DrawFn) -> tuple[bytes, int, int, tuple[int | bool, ...]]:
+def walks(draw: st.DrawFn) -> tuple[bytes, int, int, tuple[int | bool, ...], int]:
     payloads, base_seq = intact_file(draw)
     data = bytearray(records(payloads, base_seq))
     damage = draw(st.sampled_from(["none", "flip", "cut", "zero"]))
@@ -163,7 +184,9 @@ def walks(draw: st.DrawFn) -> tuple[bytes, int, int, tuple[int | bool, ...]]:
         draw(st.booleans()),  # raw
         draw(st.sampled_from([PAYLOAD_BYTES_MAX, 100])),  # payload_bytes_max
     )
-    return bytes(data), out_size, out_offset, args
+    # the room the caller expects to need, often less than the (reused) buffer holds
+    read_max = draw(st.one_of(st.just(out_size - out_offset), st.integers(0, size + 64)))
+    return bytes(data), out_size, out_offset, args, read_max
 
 
 def _costs(file: bytes, args: tuple[int | bool, ...], count: int) -> int:
@@ -190,13 +213,14 @@ def _costs(file: bytes, args: tuple[int | bool, ...], count: int) -> int:
 @settings(max_examples=examples(200), deadline=None)
 @given(walk=walks())
 def test_both_walks_agree_on_intact_and_damaged_files(
-    walk: tuple[bytes, int, int, tuple[int | bool, ...]],
+    walk: tuple[bytes, int, int, tuple[int | bool, ...], int],
 ) -> None:
-    file, out_size, out_offset, args = walk
+    file, out_size, out_offset, args, read_max = walk
     status, _position, sequence, out_end, count, taken, loaded_end, _out = call_both(
-        file, out_size, out_offset, *args
+        file, out_size, out_offset, *args, read_max=read_max
     )
     assert out_offset <= out_end <= loaded_end <= out_size and count >= 0
+    assert loaded_end - out_offset <= read_max
     assert taken == _costs(file, args, count)
     if count and status in (_gather.DONE, _gather.LIMIT):
         assert sequence == args[3] + count or sequence == args[4]

@@ -11,11 +11,14 @@ the caller's buffer (which a caller can reuse) and the payloads are moved down o
 headers in place, so nothing is allocated per record or per pull.
 
     gather(fd, out, out_offset, position, limit, sequence, start_seq, stop_seq, count_max,
-           bytes_max, take_first, raw, payload_bytes_max)
+           bytes_max, take_first, raw, payload_bytes_max, read_max)
         -> (status, position, sequence, out_end, count, taken_bytes, loaded_end)
 
 The bytes of the file from ``position`` (a record boundary holding record ``sequence``) up to
-``limit``, or as many as fit in ``out`` after ``out_offset``, are read to ``out[out_offset:]``.
+``limit``, or as many as fit in ``out`` after ``out_offset``, and never more than ``read_max``,
+are read to ``out[out_offset:]``. ``read_max`` is what the caller expects the walk to need: a
+reused buffer may be far larger, and filling it would read (and copy from the page cache)
+megabytes for a pull that returns kilobytes.
 Records before ``start_seq`` are walked (header checked) and skipped; from ``start_seq`` on,
 each record's header and CRC32C are checked and its payload (the whole record when ``raw``)
 is moved to ``out_end``, until ``stop_seq``, ``count_max`` records, or ``bytes_max`` bytes
@@ -85,7 +88,7 @@ _LZ4_ENTRY_HEAD_BYTES = 13
 
 Gathered = tuple[int, int, int, int, int, int, int]
 GatherFunction = Callable[
-    [int, bytearray, int, int, int, int, int, int, int, int, bool, bool, int], Gathered
+    [int, bytearray, int, int, int, int, int, int, int, int, bool, bool, int, int], Gathered
 ]
 
 
@@ -128,13 +131,14 @@ def gather_python(
     take_first: bool,
     raw: bool,
     payload_bytes_max: int,
+    read_max: int,
 ) -> Gathered:
     """The pure-Python twin of the compiled walk (see the module docstring)."""
-    assert 0 <= out_offset <= len(out) and 0 <= position <= limit
+    assert 0 <= out_offset <= len(out) and 0 <= position <= limit and read_max >= 0
     if sequence >= stop_seq or count_max <= 0:
         return DONE, position, sequence, out_offset, 0, 0, out_offset
     wanted = limit - position
-    room = len(out) - out_offset
+    room = min(len(out) - out_offset, read_max)
     to_read = min(room, wanted)
     got = _pread_into(fd, out, out_offset, to_read, position)
     loaded_end = out_offset + got

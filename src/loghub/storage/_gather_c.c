@@ -131,6 +131,7 @@ typedef struct {
     long long position, limit, sequence, start_seq, stop_seq, count_max, bytes_max;
     int take_first, raw;
     long long payload_bytes_max;
+    long long read_max; /* bytes to read at most (the buffer may be larger: it is reused) */
     /* out */
     int status;
     int error; /* errno of a failed pread, or 0 */
@@ -161,6 +162,7 @@ static void walk(Walk *w) {
     if (w->sequence >= w->stop_seq || w->count_max <= 0) return;
     long long wanted = w->limit - w->position;
     Py_ssize_t room = w->out_len - w->out_offset;
+    if (w->read_max < room) room = (Py_ssize_t)w->read_max;
     Py_ssize_t to_read = room < wanted ? room : (Py_ssize_t)wanted;
     Py_ssize_t got = pread_into(w, w->out + w->out_offset, to_read, w->position);
     if (got < 0) return;
@@ -224,16 +226,17 @@ static PyObject *gather(PyObject *module, PyObject *args) {
     Walk w;
     memset(&w, 0, sizeof w);
     PyObject *out;
-    if (!PyArg_ParseTuple(args, "iOnLLLLLLLppL", &w.fd, &out, &w.out_offset, &w.position,
+    if (!PyArg_ParseTuple(args, "iOnLLLLLLLppLL", &w.fd, &out, &w.out_offset, &w.position,
                           &w.limit, &w.sequence, &w.start_seq, &w.stop_seq, &w.count_max,
-                          &w.bytes_max, &w.take_first, &w.raw, &w.payload_bytes_max))
+                          &w.bytes_max, &w.take_first, &w.raw, &w.payload_bytes_max,
+                          &w.read_max))
         return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(out, &view, PyBUF_WRITABLE) < 0) return NULL;
     if (w.out_offset < 0 || w.out_offset > view.len || w.position < 0 ||
-        w.position > w.limit) {
+        w.position > w.limit || w.read_max < 0) {
         PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "gather: offset or position out of range");
+        PyErr_SetString(PyExc_ValueError, "gather: offset, position or read_max out of range");
         return NULL;
     }
     w.out = (uint8_t *)view.buf;
@@ -272,7 +275,8 @@ static PyMethodDef methods[] = {
      "crc32c(data, value, table) -> int: the walk's CRC32C (table=True: the table path)"},
     {"gather", gather, METH_VARARGS,
      "gather(fd, out, out_offset, position, limit, sequence, start_seq, stop_seq, count_max, "
-     "bytes_max, take_first, raw, payload_bytes_max) -> (status, position, sequence, out_end, "
+     "bytes_max, take_first, raw, payload_bytes_max, read_max) -> (status, position, sequence, "
+     "out_end, "
      "count, taken_bytes, loaded_end)"},
     {NULL, NULL, 0, NULL},
 };

@@ -890,17 +890,23 @@ class Segment:
             left = count_max - count
             allowed = skip_bytes + bytes_max - taken + HEADER_BYTES * (min(left, 1024) + 1)
             guess = skip_bytes + _READ_FIRST_BYTES
-            if count:  # by the bytes moved: an lz4 entry takes fewer than it counts
-                moved = out_end - out_offset
-                guess = skip_bytes + (left * (moved // count + HEADER_BYTES)) * 5 // 4
+            if count:  # by the file bytes per record, and per byte counted so far
+                read_so_far = out_end - out_offset + count * HEADER_BYTES
+                by_count = left * (read_so_far // count)
+                # a kept lz4 block counts as what it expands to, several times its stored
+                # size: a pull's raw-byte limit would read that many times too much
+                by_bytes = (bytes_max - taken) * read_so_far // max(taken, 1)
+                guess = skip_bytes + min(by_count, by_bytes) * 5 // 4
             # at least a header: after a first record over bytes_max, ``allowed`` can be tiny
             room = min(plan.limit_position - position, max(min(allowed, guess), need, HEADER_BYTES))
+            # the walk reads ``room`` bytes, not the whole buffer: a kept buffer that once
+            # held a 16 MiB pull would otherwise be filled from the file for every small one
             if len(out) < out_end + room:
                 out.extend(bytes(out_end + room - len(out)))
             status, stop, sequence, new_end, records, taken_now, loaded_end = gather(
                 fd, out, out_end, position, plan.limit_position, sequence, plan.start_seq,
                 plan.stop_seq, count_max - count, bytes_max - taken, take_first and not count,
-                raw, self.payload_bytes_max,
+                raw, self.payload_bytes_max, room,
             )  # fmt: skip
             index = out_end + stop - position
             count, taken, position, out_end = count + records, taken + taken_now, stop, new_end
