@@ -28,7 +28,7 @@ from server_process import ServerProcess
 from tls_certs import make_certificates
 
 from loghub.client import LogHubClient
-from loghub.errors import TransportError
+from loghub.errors import SignatureNotMatch, TransportError
 from loghub.server.config import ServerConfig
 from loghub.server.embedded import EmbeddedServer
 from loghub.wire.logs import make_log_group
@@ -103,6 +103,23 @@ def test_a_client_that_does_not_trust_the_ca_is_refused(
         with _client(server, ca_cert) as client, pytest.raises(TransportError) as caught:
             client.list_projects()
         assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
+        # pulls take connections of their own (loghub.client._pulls): checked the same way
+        with _client(server, ca_cert) as client, pytest.raises(TransportError) as caught:
+            client.pull_logs_body("anyproject", "web", 0, "MA==")
+        assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
+
+
+def test_a_pull_signed_with_a_wrong_secret_is_refused_over_https(
+    server: ServerProcess, ca: dict[str, Path]
+) -> None:
+    with _client(server, ca["ca"]) as client:
+        client.create_project("signedpull")
+        client.create_logstore("signedpull", "web", shard_count=1)
+        cursor = client.get_cursor("signedpull", "web", 0, "begin")
+        assert client.pull_logs_body("signedpull", "web", 0, cursor).count == 0
+    wrong = LogHubClient(f"https://127.0.0.1:{server.port}", "ak", "not-sk", ca_cert=ca["ca"])
+    with wrong, pytest.raises(SignatureNotMatch):
+        wrong.pull_logs_body("signedpull", "web", 0, cursor)
 
 
 def test_plain_http_to_the_tls_port_gets_no_http_answer(

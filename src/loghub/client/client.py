@@ -14,7 +14,8 @@ environment variable ``LOGHUB_CA_CERT`` names that bundle, so every tool built o
 ``verify=False`` turns checking off (for a quick test only: it lets anyone in the middle
 read and change traffic).
 
-Thread-safety: one client may be shared by threads (httpx.Client is thread-safe).
+Thread-safety: one client may be shared by threads (httpx.Client is thread-safe, and pulls
+take connections of their own one request at a time, see ``loghub.client._pulls``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
@@ -32,6 +33,7 @@ import httpx
 
 from loghub._clock import Clock, SystemClock
 from loghub._retry import RetryPolicy, retry_call
+from loghub.client._pulls import PullConnections
 from loghub.errors import ParameterInvalid, TransportError
 from loghub.wire.compression import compress, decompress
 from loghub.wire.errors import error_from_body
@@ -209,15 +211,29 @@ class LogHubClient:
         self._write_retry = write_retry or RetryPolicy(8, 0.1, 5.0)
         self._region = region
         self._clock = clock or SystemClock()
+        verification = _tls_verification(ca_cert, verify)
         self._http = httpx.Client(
-            timeout=timeout_s,
-            transport=transport,
-            trust_env=False,
-            verify=_tls_verification(ca_cert, verify),
+            timeout=timeout_s, transport=transport, trust_env=False, verify=verification
+        )
+        # pulls take a leaner way (see ``loghub.client._pulls``) unless a transport was given
+        self._pulls = (
+            None
+            if transport is not None
+            else PullConnections(
+                parts.scheme,
+                parts.hostname,
+                parts.port,
+                timeout_s,
+                httpx.create_ssl_context(verify=verification, trust_env=False)
+                if parts.scheme == "https"
+                else None,
+            )
         )
 
     def close(self) -> None:
         self._http.close()
+        if self._pulls is not None:
+            self._pulls.close()
 
     def __enter__(self) -> LogHubClient:
         return self
@@ -241,6 +257,27 @@ class LogHubClient:
         body: bytes = b"",
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
+        all_headers = self._signed_headers(method, project, path, query, body, headers)
+        url = self._base_url + path + ("?" + urlencode(list(query)) if query else "")
+        try:
+            response = self._http.request(method, url, content=body, headers=all_headers)
+        except httpx.HTTPError as exc:
+            raise TransportError(f"{method} {path}: {exc}") from exc
+        if response.status_code != 200:
+            raise error_from_body(
+                response.status_code, response.content, response.headers.get("x-log-requestid")
+            )
+        return response
+
+    def _signed_headers(
+        self,
+        method: str,
+        project: str | None,
+        path: str,
+        query: Sequence[tuple[str, str]],
+        body: bytes,
+        headers: Mapping[str, str] | None,
+    ) -> dict[str, str]:
         all_headers = {
             "host": f"{project}.{self._host}" if project else self._host,
             "x-log-apiversion": API_VERSION,
@@ -258,16 +295,21 @@ class LogHubClient:
                 # through this signed header (the hosted service ignores unknown x-log-* ones)
                 all_headers["x-log-project"] = project or ""
                 sign_v1(method, path, query, all_headers, body, self._credentials, now_s)
-        url = self._base_url + path + ("?" + urlencode(list(query)) if query else "")
-        try:
-            response = self._http.request(method, url, content=body, headers=all_headers)
-        except httpx.HTTPError as exc:
-            raise TransportError(f"{method} {path}: {exc}") from exc
-        if response.status_code != 200:
-            raise error_from_body(
-                response.status_code, response.content, response.headers.get("x-log-requestid")
-            )
-        return response
+        return all_headers
+
+    def _get_whole(
+        self, project: str, path: str, query: Sequence[tuple[str, str]], headers: dict[str, str]
+    ) -> tuple[Callable[[str], str | None], bytes]:
+        """A GET whose reply is read whole (pulls): its header lookup and body; an error
+        reply raises its ``loghub.errors`` class, as ``_request`` does."""
+        if self._pulls is None:
+            response = self._request("GET", project, path, query, headers=headers)
+            return response.headers.get, response.content
+        all_headers = self._signed_headers("GET", project, path, query, b"", headers)
+        reply = self._pulls.get(path + ("?" + urlencode(list(query)) if query else ""), all_headers)
+        if reply.status != 200:
+            raise error_from_body(reply.status, reply.body, reply.header("x-log-requestid"))
+        return reply.header, reply.body
 
     def _json_request(
         self,
@@ -528,21 +570,20 @@ class LogHubClient:
             query.append((PULL_BYTES_MAX_PARAM, str(bytes_max)))
         if wait_ms is not None:
             query.append((PULL_WAIT_MS_PARAM, str(wait_ms)))
-        response = self._request(
-            "GET",
+        header, body = self._get_whole(
             project,
             f"/logstores/{logstore}/shards/{shard_id}",
             query,
             headers={"accept": "application/x-protobuf", "accept-encoding": compress_type},
         )
-        applied = response.headers.get(PULL_BYTES_MAX_HEADER)
-        waited = response.headers.get(PULL_WAIT_MS_HEADER)
+        applied = header(PULL_BYTES_MAX_HEADER)
+        waited = header(PULL_WAIT_MS_HEADER)
         return PulledBody(
-            body=response.content,
-            compress_type=response.headers.get("x-log-compresstype"),
-            next_cursor=response.headers.get("x-log-cursor") or cursor,
-            count=int(response.headers.get("x-log-count", "0")),
-            raw_size=int(response.headers.get("x-log-bodyrawsize", "0")),
+            body=body,
+            compress_type=header("x-log-compresstype"),
+            next_cursor=header("x-log-cursor") or cursor,
+            count=int(header("x-log-count") or "0"),
+            raw_size=int(header("x-log-bodyrawsize") or "0"),
             bytes_max=int(applied) if applied and applied.isdigit() else None,
             wait_ms=int(waited) if waited and waited.isdigit() else None,
         )
