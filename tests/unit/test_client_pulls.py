@@ -125,9 +125,9 @@ def test_a_new_connection_closed_without_a_reply_is_an_error_not_a_loop(
         peer.read_request(connection)  # and close without answering
 
     peer = peer_factory(serve)
-    with LogHubClient(f"127.0.0.1:{peer.port}", timeout_s=5) as client:
-        with pytest.raises(TransportError, match="GET /logstores/store/shards/0"):
-            _pull(client)
+    client = LogHubClient(f"127.0.0.1:{peer.port}", timeout_s=5)
+    with client, pytest.raises(TransportError, match="GET /logstores/store/shards/0"):
+        _pull(client)
     assert peer.connections == 1
 
 
@@ -142,9 +142,9 @@ def test_a_peer_that_never_answers_times_out(
 
     peer = peer_factory(serve)
     try:
-        with LogHubClient(f"127.0.0.1:{peer.port}", timeout_s=0.5) as client:
-            with pytest.raises(TransportError, match="timed out"):
-                _pull(client)
+        client = LogHubClient(f"127.0.0.1:{peer.port}", timeout_s=0.5)
+        with client, pytest.raises(TransportError, match="timed out"):
+            _pull(client)
     finally:
         release.set()
     assert peer.connections == 1  # a timeout is not retried
@@ -158,9 +158,9 @@ def test_a_short_body_is_an_error(
             connection.sendall(_ok(b"0123456789")[:-4])  # then closed mid-body
 
     peer = peer_factory(serve)
-    with LogHubClient(f"127.0.0.1:{peer.port}", timeout_s=5) as client:
-        with pytest.raises(TransportError, match="IncompleteRead"):
-            _pull(client)
+    client = LogHubClient(f"127.0.0.1:{peer.port}", timeout_s=5)
+    with client, pytest.raises(TransportError, match="IncompleteRead"):
+        _pull(client)
 
 
 def test_an_error_reply_raises_its_class_and_keeps_the_connection(
