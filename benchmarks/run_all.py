@@ -58,7 +58,7 @@ BUDGETS: dict[str, tuple[list[str], float]] = {
     "consumer_memory": (["--quick"], 200),
     "small_requests": (["--runs", "3"], 360),
     "latency": (["--runs", "3"], 240),
-    "consumer_vs_sdk": (["--runs", "3"], 120),
+    "consumer_vs_sdk": (["--runs", "5"], 300),
     "validate": (["--runs", "3"], 90),
     "heartbeats": (["--runs", "3"], 100),
     "idle_shards": (["--runs", "3"], 100),
