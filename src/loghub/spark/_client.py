@@ -22,8 +22,6 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-import httpx
-
 from loghub.client import LogHubClient
 from loghub.errors import InvalidCursor, ServerBusy, TransportError
 from loghub.spark.offsets import ShardExtent
@@ -48,18 +46,20 @@ class RawPull:
 class RawPullClient(LogHubClient):
     owner_only = False  # set on a client of the node that holds the shard (see ShardPulls)
 
-    def _request(
+    def _signed_headers(
         self,
         method: str,
         project: str | None,
         path: str,
-        query: Sequence[tuple[str, str]] = (),
-        body: bytes = b"",
-        headers: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
+        query: Sequence[tuple[str, str]],
+        body: bytes,
+        headers: Mapping[str, str] | None,
+    ) -> dict[str, str]:
+        # every request's headers are made here, whichever HTTP way it takes (pulls have
+        # connections of their own), so the mark is on each one, and signed with it
         if self.owner_only:
             headers = {**(headers or {}), OWNER_ONLY_HEADER: "1"}
-        return super()._request(method, project, path, query, body, headers)
+        return super()._signed_headers(method, project, path, query, body, headers)
 
     def pull_raw(
         self,
