@@ -206,6 +206,13 @@ def render(results_dir: Path, out: Path) -> str:
             f"`{run.get('commit') or '?'}`{smoke}; load average (1/5/15 min) "
             f"{run.get('load_before')} before, {run.get('load_after')} after"
         )
+        for rerun in run.get("reruns", []):  # scripts run again later (run_all --only)
+            lines.append(
+                f"- Run again: {', '.join(rerun.get('scripts', []))}, "
+                f"{rerun.get('started_at', '?')} to {rerun.get('finished_at', '?')}, commit "
+                f"`{rerun.get('commit') or '?'}`; load average {rerun.get('load_before')} "
+                f"before, {rerun.get('load_after')} after"
+            )
     elif finished:
         lines.append(f"- Date: {finished[0]} to {finished[-1]}")
     if not documents:
