@@ -104,6 +104,33 @@ def test_a_kept_connection_closed_while_idle_is_replaced_once(
     assert "host: p.127.0.0.1\r\n" in request.lower()
 
 
+def test_every_kept_connection_closed_while_idle_is_passed_over(
+    peer_factory: Callable[[Callable[[socket.socket, int], None]], Peer],
+) -> None:
+    """After a long pause all kept connections may be stale: a pull goes on to the next
+    one, then to a new one, rather than failing on the second."""
+    both_connected = threading.Barrier(2, timeout=10)
+
+    def serve(connection: socket.socket, index: int) -> None:
+        if peer.read_request(connection):
+            if index < 2:
+                both_connected.wait()  # two pulls in flight at once: two kept connections
+            connection.sendall(_ok(b"reply%d" % index))
+        # then closed, as an idle timeout would
+
+    peer = peer_factory(serve)
+    with LogHubClient(f"127.0.0.1:{peer.port}", timeout_s=5) as client:
+        results: list[bytes] = []
+        pulls = [threading.Thread(target=lambda: results.append(_pull(client))) for _ in range(2)]
+        for pull in pulls:
+            pull.start()
+        for pull in pulls:
+            pull.join(10)
+        assert sorted(results) == [b"reply0", b"reply1"]
+        assert _pull(client) == b"reply2"  # both kept ones were stale
+    assert peer.connections == 3
+
+
 def test_replies_on_one_kept_connection_reuse_it_until_the_client_closes(
     peer_factory: Callable[[Callable[[socket.socket, int], None]], Peer],
 ) -> None:

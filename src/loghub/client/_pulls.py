@@ -18,8 +18,10 @@ pulls use httpx too, so that the transport sees every request.
 Connections: a free list, taken by one request at a time and given back after a complete
 reply that keeps the connection open. A kept connection the server has meanwhile closed
 (its idle timeout) fails the next request before any reply byte; such a request is sent
-once more on a new connection, which is safe because a pull is a read. Every other failure
-is raised. ``close`` closes the idle connections and makes busy ones close when given back.
+again on the next kept connection or a new one, which is safe because a pull is a read
+(after a long pause every kept connection may be stale). A new connection that fails, and
+every other failure, is raised. ``close`` closes the idle connections and makes busy ones
+close when given back.
 
 Thread-safety: any thread may call ``get``; the free list's lock is held for a list
 operation only, never across I/O.
@@ -68,7 +70,7 @@ class PullConnections:
     def get(self, target: str, headers: Mapping[str, str]) -> PullReply:
         """``GET target`` (a path with its query); the reply read whole. Raises
         ``TransportError`` when no reply came."""
-        for attempt in (0, 1):
+        while True:
             connection, reused = self._take()
             try:
                 connection.request("GET", target, headers=dict(headers))
@@ -76,8 +78,10 @@ class PullConnections:
                 body = response.read()
             except _STALE as exc:
                 connection.close()
-                if reused and attempt == 0:
-                    continue  # the server closed it while it was idle: a new one
+                if reused:
+                    # the server closed it while it was idle: the next kept one, or a new
+                    # one (each turn drops a kept connection, so this ends)
+                    continue
                 raise TransportError(f"GET {target}: {exc!r}") from exc
             except (OSError, http.client.HTTPException) as exc:
                 connection.close()
@@ -87,7 +91,6 @@ class PullConnections:
             else:
                 self._give_back(connection)
             return PullReply(response.status, response.headers, body)
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
         with self._lock:
