@@ -213,15 +213,14 @@ class LogHubClient:
         self._clock = clock or SystemClock()
         # pulls take a leaner way (see ``loghub.client._pulls``) unless a transport was given
         lean_pulls = transport is None
+        verification = _tls_verification(ca_cert, verify)  # a bad bundle is refused here
+        context: ssl.SSLContext | None = None
         if transport is None and parts.scheme == "http":
             # plain http speaks no TLS (and follows no redirect): no context to build from the
             # system's authorities, which costs 50 to 350 ms per client (a Spark task each)
             transport = httpx.HTTPTransport(verify=False)
-            context = None
-        else:  # one context for both ways (building one reads the CA bundle)
-            context = httpx.create_ssl_context(
-                verify=_tls_verification(ca_cert, verify), trust_env=False
-            )
+        elif transport is None:  # one context for both ways (building one reads the CAs)
+            context = httpx.create_ssl_context(verify=verification, trust_env=False)
         self._http = httpx.Client(
             timeout=timeout_s, transport=transport, trust_env=False, verify=context or False
         )
