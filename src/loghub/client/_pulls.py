@@ -73,7 +73,7 @@ class PullConnections:
         while True:
             connection, reused = self._take()
             try:
-                connection.request("GET", target, headers=dict(headers))
+                connection.request("GET", target, headers=headers)
                 response = connection.getresponse()
                 body = response.read()
             except _STALE as exc:

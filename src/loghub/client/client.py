@@ -162,6 +162,11 @@ def _tls_verification(
         raise TransportError(f"cannot load the CA bundle {os.fspath(ca_cert)}: {exc}") from exc
 
 
+def _target(path: str, query: Sequence[tuple[str, str]]) -> str:
+    """The request target: the path and its encoded query, as both HTTP ways send it."""
+    return path + ("?" + urlencode(list(query)) if query else "")
+
+
 class LogHubClient:
     def __init__(
         self,
@@ -258,7 +263,7 @@ class LogHubClient:
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         all_headers = self._signed_headers(method, project, path, query, body, headers)
-        url = self._base_url + path + ("?" + urlencode(list(query)) if query else "")
+        url = self._base_url + _target(path, query)
         try:
             response = self._http.request(method, url, content=body, headers=all_headers)
         except httpx.HTTPError as exc:
@@ -306,7 +311,7 @@ class LogHubClient:
             response = self._request("GET", project, path, query, headers=headers)
             return response.headers.get, response.content
         all_headers = self._signed_headers("GET", project, path, query, b"", headers)
-        reply = self._pulls.get(path + ("?" + urlencode(list(query)) if query else ""), all_headers)
+        reply = self._pulls.get(_target(path, query), all_headers)
         if reply.status != 200:
             raise error_from_body(reply.status, reply.body, reply.header("x-log-requestid"))
         return reply.header, reply.body

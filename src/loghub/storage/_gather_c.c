@@ -276,8 +276,7 @@ static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS,
      "gather(fd, out, out_offset, position, limit, sequence, start_seq, stop_seq, count_max, "
      "bytes_max, take_first, raw, payload_bytes_max, read_max) -> (status, position, sequence, "
-     "out_end, "
-     "count, taken_bytes, loaded_end)"},
+     "out_end, count, taken_bytes, loaded_end)"},
     {NULL, NULL, 0, NULL},
 };
 
