@@ -1,0 +1,62 @@
+"""The source's first read in a Python worker freezes what the worker already holds
+(``gc.freeze``), once per process, after one full collection, so that later full collections
+walk only what tasks allocate. Each check runs in a fresh interpreter: freezing the test
+process would change what later tests see of the garbage collector."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+_SCRIPT = textwrap.dedent(
+    """
+    import gc
+    import weakref
+
+    from loghub.spark.schema import spark_schema
+    from loghub.spark.source import LogHubDataSource, ShardRange
+
+    full = []
+    gc.callbacks.append(
+        lambda phase, info: full.append(1) if phase == "start" and info["generation"] == 2 else None
+    )
+
+    class Node:
+        pass
+
+    cycle = Node()
+    cycle.self = cycle
+    garbage = weakref.ref(cycle)
+    del cycle
+
+    reader = LogHubDataSource(
+        {"endpoint": "127.0.0.1:9", "project": "p", "logstore": "s"}
+    ).reader(spark_schema())
+    assert gc.get_freeze_count() == 0
+    assert list(reader.read(object())) == []  # Spark's empty partition: nothing to read
+    assert gc.get_freeze_count() == 0, "an empty partition reads nothing and freezes nothing"
+
+    before = len(full)
+    first = reader.read(ShardRange(0, 0, 1))  # not iterated: no pull is made
+    frozen = gc.get_freeze_count()
+    assert len(full) == before + 1, "one full collection before the freeze"
+    assert garbage() is None, "garbage is collected, not frozen"
+    assert frozen > 10_000, frozen  # pyspark, pyarrow, protobuf and this package
+
+    second = reader.read(ShardRange(1, 0, 1))
+    assert gc.get_freeze_count() == frozen, "once per process"
+    assert len(full) == before + 1, "no second full collection"
+    first.close()
+    second.close()
+    print("ok", frozen)
+    """
+)
+
+
+def test_the_first_read_freezes_the_worker_heap_once_after_a_full_collection() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok "), done.stdout
