@@ -21,6 +21,7 @@ from cluster_nodes import NODE_TTL_S, LogHubCluster, running_cluster
 from server_process import ServerProcess
 
 from loghub.client import LogHubClient
+from loghub.cluster.controller import read_placements
 from loghub.cluster.etcd_store import EtcdStore
 from loghub.cluster.group_coordinators import (
     GroupAssignment,
@@ -28,8 +29,8 @@ from loghub.cluster.group_coordinators import (
     coordinator_key,
 )
 from loghub.cluster.status import set_drain
-from loghub.coordination.placement import NodeSlot, group_coordinator
-from loghub.errors import ServerBusy
+from loghub.coordination.placement import NodeSlot, group_coordinator, place
+from loghub.errors import LogStoreNotExist, ServerBusy
 from loghub.wire.cursor import encode_cursor
 from loghub.wire.logs import make_log_group
 
@@ -112,10 +113,57 @@ def settle(
     raise AssertionError(f"the group did not settle: {held}")
 
 
+def moves_left(cluster: LogHubCluster, via: LogHubClient) -> int:
+    """How many writable shards the controller would still place or move, plus hand-overs
+    under way: for each logstore, what ``coordination.placement.place`` (the controller's
+    own rule, per logstore) makes of the live nodes, against the owners its record names."""
+
+    async def records() -> dict[tuple[str, str], object]:
+        async with EtcdStore(cluster.etcd.url) as store:
+            return dict(await read_placements(store))
+
+    status = cluster.status()
+    slots = [
+        NodeSlot(str(n["node"]), str(n["rack"]), bool(n["draining"]))  # type: ignore[index]
+        for n in status["nodes"]  # type: ignore[attr-defined]
+    ]
+    left = len(status["handovers"])  # type: ignore[arg-type]
+    for (project, logstore), record in asyncio.run(records()).items():
+        owners = record.owners  # type: ignore[attr-defined]
+        try:
+            shards = via.list_shards(project, logstore)
+        except LogStoreNotExist:
+            continue  # deleted: the controller forgets it
+        current = {
+            (project, logstore, s.shard_id): owners.get(s.shard_id, "")
+            for s in shards
+            if s.status == "readwrite"
+        }
+        target = place(list(current), slots, {k: v for k, v in current.items() if v})
+        left += sum(1 for ref, owner in current.items() if target.get(ref) != owner)
+    return left
+
+
+def wait_balanced(cluster: LogHubCluster, timeout_s: float = 30.0) -> None:
+    """Until the controller has nothing left to place or move. A node back from a pause has
+    no shards, and the controller hands some over to it by succession: a shard written by id
+    in the meantime turns read-only under the writer (ShardReadOnly), by design."""
+    deadline = time.monotonic() + timeout_s
+    with client(live(cluster)[0]) as via:
+        while (left := moves_left(cluster, via)) != 0:
+            assert time.monotonic() < deadline, f"{left} shards still to place or move"
+            time.sleep(0.1)
+
+
 def logstore_with_data(cluster: LogHubCluster, name: str) -> None:
+    """A logstore of SHARDS shards, each written by id: made once the cluster is balanced,
+    so that placing them moves nothing, and written once they are placed."""
+    wait_balanced(cluster)
     with client(cluster.nodes[0]) as first:
         first.create_logstore(PROJECT, name, shard_count=SHARDS)
         cluster.wait_placed(SHARDS)
+        wait_balanced(cluster)
+        assert [s.shard_id for s in first.list_shards(PROJECT, name)] == list(range(SHARDS))
         for shard_id in range(SHARDS):
             for i in range(3):
                 group = make_log_group([(1, {"shard": str(shard_id), "i": str(i)})])
