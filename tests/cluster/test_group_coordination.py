@@ -21,7 +21,7 @@ from cluster_nodes import NODE_TTL_S, LogHubCluster, running_cluster
 from server_process import ServerProcess
 
 from loghub.client import LogHubClient
-from loghub.cluster.controller import read_placements
+from loghub.cluster.controller import PlacementRecord, read_placements
 from loghub.cluster.etcd_store import EtcdStore
 from loghub.cluster.group_coordinators import (
     GroupAssignment,
@@ -118,7 +118,7 @@ def moves_left(cluster: LogHubCluster, via: LogHubClient) -> int:
     under way: for each logstore, what ``coordination.placement.place`` (the controller's
     own rule, per logstore) makes of the live nodes, against the owners its record names."""
 
-    async def records() -> dict[tuple[str, str], object]:
+    async def records() -> dict[tuple[str, str], PlacementRecord]:
         async with EtcdStore(cluster.etcd.url) as store:
             return dict(await read_placements(store))
 
@@ -129,7 +129,7 @@ def moves_left(cluster: LogHubCluster, via: LogHubClient) -> int:
     ]
     left = len(status["handovers"])  # type: ignore[arg-type]
     for (project, logstore), record in asyncio.run(records()).items():
-        owners = record.owners  # type: ignore[attr-defined]
+        owners = record.owners
         try:
             shards = via.list_shards(project, logstore)
         except LogStoreNotExist:
