@@ -455,6 +455,9 @@ class IngestRun:
     server_cpu_s: float  # inside the window
     wall_s: float  # for count-bounded runs: first send to last acknowledgement
     server_system_s: float = 0.0  # the kernel's part of server_cpu_s
+    # CPU seconds the whole machine was busy inside the window (every process: servers,
+    # clients, kernel threads), from /proc/stat; iowait counts as idle
+    machine_busy_s: float = float("nan")
 
     def total(self, name: str) -> int:
         return sum(getattr(p, name) for p in self.producers)
@@ -470,6 +473,15 @@ class IngestRun:
             for key, value in p.errors.items():
                 merged[key] = merged.get(key, 0) + value
         return merged
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every core of the machine has been busy since boot: user, nice, system,
+    irq and softirq of /proc/stat (idle, iowait and the time stolen by the host are not)."""
+    with open("/proc/stat") as stat:
+        fields = stat.readline().split()
+    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def run_producers(
@@ -488,7 +500,9 @@ def run_producers(
     time). Producer i sends to ``paths[i % len(paths)]`` through
     ``sender_factory(port, batches, path)`` (PutLogs over http.client by default; another
     system's client for a peer). ``server`` is anything with ``port`` and ``pid`` (a
-    ``ServerChild``, a peer such as ``RedisServer``)."""
+    ``ServerChild``, a peer such as ``RedisServer``), or a list of them: producer i then
+    sends to ``server[i % len(server)]``, and the server CPU is theirs together."""
+    servers = list(server) if isinstance(server, list) else [server]
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     start_at = time.monotonic() + 0.5  # time for the processes to start
@@ -502,7 +516,7 @@ def run_producers(
         ctx.Process(
             target=_producer,
             args=(
-                server.port,
+                servers[i % len(servers)].port,
                 i,
                 batches,
                 paths[i % len(paths)],
@@ -522,20 +536,20 @@ def run_producers(
         results: dict[int, ProducerResult] = {}
         if requests_each is None:
             time.sleep(max(0.0, measure_from - time.monotonic()))
-            cpu_before = cpu_times_of(server.pid)
+            cpu_before, busy_before = _cpu_times_of_all(servers), machine_busy_s()
             time.sleep(max(0.0, measure_until - time.monotonic()))
-            cpu_after = cpu_times_of(server.pid)
+            cpu_after, busy_after = _cpu_times_of_all(servers), machine_busy_s()
             window_s = measure_until - measure_from
             wall_s = window_s
         else:
-            cpu_before = cpu_times_of(server.pid)
+            cpu_before, busy_before = _cpu_times_of_all(servers), machine_busy_s()
             wall_start = time.monotonic()
         while len(results) < producers:
             index, result = out.get(timeout=600)
             results[index] = result
         if requests_each is not None:
             wall_s = time.monotonic() - wall_start
-            cpu_after = cpu_times_of(server.pid)
+            cpu_after, busy_after = _cpu_times_of_all(servers), machine_busy_s()
             window_s = wall_s
     finally:
         for process in processes:
@@ -549,7 +563,14 @@ def run_producers(
         sum(cpu_after) - sum(cpu_before),
         wall_s,
         cpu_after[1] - cpu_before[1],
+        busy_after - busy_before,
     )
+
+
+def _cpu_times_of_all(servers: list[Any]) -> tuple[float, float]:
+    """(user, system) CPU seconds of all these servers together (see ``cpu_times_of``)."""
+    times = [cpu_times_of(server.pid) for server in servers]
+    return sum(t[0] for t in times), sum(t[1] for t in times)
 
 
 def remove_tree(path: Path) -> None:

@@ -17,7 +17,14 @@ Clients write pre-built bytes to raw sockets and read the replies with as little
 they can, on both sides, so that on a small machine the clients take as little CPU from
 the servers as possible. Prints logs/s, PutLogs/s, server CPU per request (utime + stime of
 the server's PID from /proc over the measured window), fsyncs/s (the server's
-``loghub_fsync_seconds_count``) and ratios; saves ``results/small_requests.json``.
+``loghub_fsync_seconds_count``), the cores the whole machine kept busy and its CPU per request
+(every process: the clients share the cores with the server) and ratios; saves
+``results/small_requests.json``.
+
+The 16 x 32 case runs a second time on two independent `loghub serve` processes, each with
+half the shards and half the connections: the most that several server processes on one
+port could do here (nothing passed between them, no shared metadata), which is how the
+second core was weighed (docs/decisions.md, "Both cores").
 
     .venv/bin/python benchmarks/small_requests.py [--seconds 5] [--runs 1] [--shards 4]
                                                   [--pull-passes 3] [--pull-case-only]
@@ -70,6 +77,7 @@ from loghub.wire.logs import parse_log_group  # noqa: E402
 
 _CASES = ((16, 8), (16, 32), (128, 8), (128, 32))
 _PULL_CASE = (16, 32)
+PROCESSES = 2  # server processes of the several-processes case (one per core here)
 
 
 def _logstore_name(logs: int, connections: int) -> str:
@@ -346,6 +354,9 @@ class CaseFigures:
     fsyncs_per_s: float = float("nan")
     p99_ms: float = float("nan")
     errors: dict[str, int] = field(default_factory=dict)
+    machine_cores: float = float("nan")  # cores the whole machine kept busy in the window
+    # CPU of every process on the machine (server, clients, kernel) a request
+    machine_cpu_us_per_request: float = float("nan")
 
 
 def _figures(run: IngestRun) -> CaseFigures:
@@ -356,6 +367,10 @@ def _figures(run: IngestRun) -> CaseFigures:
         cpu_us_per_request=1e6 * run.server_cpu_s / requests if requests else float("nan"),
         p99_ms=1e3 * percentile(run.latencies_s, 0.99),
         errors=run.errors,
+        machine_cores=run.machine_busy_s / run.window_s,
+        machine_cpu_us_per_request=(
+            1e6 * run.machine_busy_s / requests if requests else float("nan")
+        ),
     )
 
 
@@ -371,6 +386,36 @@ def run_loghub(
     figures = _figures(run)
     elapsed = time.monotonic() - started
     figures.fsyncs_per_s = (fsync_count(server.port) - fsyncs_before) / elapsed
+    return figures
+
+
+def run_loghub_processes(
+    data_dir: Path, batches: list[Batch], connections: int, shards: int, args: Any
+) -> CaseFigures:
+    """The same case on ``PROCESSES`` independent `loghub serve` processes, each with its
+    share of the shards and of the connections: what several server processes on one port
+    could do at best (each owning its shards, with no request passed from one to another and
+    no shared metadata), to weigh the second core (docs/decisions.md, "Both cores")."""
+    logstore = _logstore_name(batches[0].logs, connections)
+    servers = [ServerChild(data_dir / f"process-{i}") for i in range(PROCESSES)]
+    try:
+        for server in servers:
+            server.data_dir.mkdir(parents=True)
+            server.start()
+            create_logstore(server.port, max(1, shards // PROCESSES), logstore)
+        fsyncs_before, started = sum(fsync_count(s.port) for s in servers), time.monotonic()
+        run = run_producers(
+            servers, batches, connections, paths=(f"/logstores/{logstore}/shards/lb",),
+            warmup_s=args.warmup, seconds=args.seconds, sender_factory=RawPutSender,
+        )  # fmt: skip
+        figures = _figures(run)
+        elapsed = time.monotonic() - started
+        figures.fsyncs_per_s = (sum(fsync_count(s.port) for s in servers) - fsyncs_before) / elapsed
+    finally:
+        for server in servers:
+            server.stop()
+        for server in servers:
+            remove_tree(server.data_dir)
     return figures
 
 
@@ -395,7 +440,9 @@ def _print_case(label: str, figures: CaseFigures) -> None:
     print(
         f"    {label:<22} {fmt_int(figures.logs_per_s):>10} logs/s "
         f"{fmt_int(figures.requests_per_s):>7} req/s  {figures.cpu_us_per_request:6.0f} "
-        f"CPU-us/req  p99 {figures.p99_ms:5.1f} ms{fsyncs}"
+        f"CPU-us/req  p99 {figures.p99_ms:5.1f} ms{fsyncs}; machine "
+        f"{figures.machine_cores:.2f} cores busy, {figures.machine_cpu_us_per_request:.0f} "
+        "CPU-us/req in all"
     )
     for key, value in sorted(figures.errors.items(), key=lambda kv: -kv[1])[:5]:
         print(f"      ERRORS: {value} x {key}")
@@ -426,6 +473,8 @@ def main() -> None:
     if args.pull_case_only and not args.smoke:
         cases = (_PULL_CASE,)
 
+    # the case also run on several server processes (the second core's upper bound)
+    processes_case = _PULL_CASE if not args.smoke else cases[0]
     print(f"machine: {machine_summary()}")
     data_dir = make_data_dir(args.data_dir, "loghub-bench-small-")
     print(f"data dir: {data_dir} on {describe_filesystem(data_dir)}")
@@ -458,6 +507,15 @@ def main() -> None:
                     figures = run_loghub(server, batches, connections, args.shards, args)
                     results.setdefault(("loghub", logs, connections), []).append(figures)
                     _print_case("LogHub fsync always", figures)
+                    if (logs, connections) == processes_case:
+                        figures = run_loghub_processes(
+                            data_dir / f"processes-{run_index}", batches, connections,
+                            args.shards, args,
+                        )  # fmt: skip
+                        results.setdefault(("loghub-processes", logs, connections), []).append(
+                            figures
+                        )
+                        _print_case(f"LogHub, {PROCESSES} processes", figures)
                     if args.no_redis:
                         continue
                     for name, peer in peers.items():
@@ -560,7 +618,16 @@ def _summarise(
             f"{fmt_int(_median([f.requests_per_s for f in mine]))} PutLogs/s, "
             f"{cpu:.0f} CPU-us/request, {fmt_int(fsyncs)} fsyncs/s; {', '.join(ratios)}"
         )
-        extra = {"server_cpu_us_per_request": cpu, "fsyncs_per_s": fsyncs}
+        extra = {
+            "server_cpu_us_per_request": cpu,
+            "fsyncs_per_s": fsyncs,
+            "machine_cores_busy": _median([f.machine_cores for f in mine]),
+            "machine_cpu_us_per_request": _median([f.machine_cpu_us_per_request for f in mine]),
+        }
+        if always:
+            extra["redis_aof_always_machine_cpu_us_per_request"] = _median(
+                [f.machine_cpu_us_per_request for f in always]
+            )
         case = f"{logs} logs/request, {connections} connections"
         rows.append(
             Row(
@@ -578,6 +645,27 @@ def _summarise(
                 Row(
                     case, "logs/s vs in memory", [f.logs_per_s for f in mine],
                     reference=Reference("Redis XADD, in memory", [f.logs_per_s for f in memory]),
+                )
+            )  # fmt: skip
+        processes = results.get(("loghub-processes", logs, connections), [])
+        if processes:
+            rate = _median([f.logs_per_s for f in processes])
+            print(
+                f"      on {PROCESSES} server processes: {fmt_int(rate)} logs/s, "
+                f"{_median([f.cpu_us_per_request for f in processes]):.0f} CPU-us/request; "
+                + _times(rate, [f.logs_per_s for f in mine], "one process")
+            )
+            rows.append(
+                Row(
+                    f"{case}, {PROCESSES} server processes", "logs/s",
+                    [f.logs_per_s for f in processes],
+                    reference=Reference("one server process", [f.logs_per_s for f in mine]),
+                    extra={
+                        "server_cpu_us_per_request": _median(
+                            [f.cpu_us_per_request for f in processes]
+                        ),
+                        "machine_cores_busy": _median([f.machine_cores for f in processes]),
+                    },
                 )
             )  # fmt: skip
     if pulls["loghub"]:
