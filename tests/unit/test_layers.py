@@ -14,7 +14,7 @@ import loghub
 
 SRC = Path(loghub.__file__).parent
 
-_BASE = {"errors", "_clock", "_retry", "_times", "_lazy"}
+_BASE = {"errors", "_clock", "_retry", "_times", "_lazy", "_httpx"}
 # layer -> the layers it may import (besides itself)
 ALLOWED: dict[str, set[str]] = {
     "__init__": _BASE,
@@ -23,6 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "_retry": {"errors", "_clock"},
     "_times": set(),
     "_lazy": set(),
+    "_httpx": set(),  # httpx without its command-line client
     "wire": _BASE,
     "storage": _BASE | {"wire"},
     "metadata": _BASE | {"wire", "_sql"},

@@ -29,9 +29,8 @@ from types import TracebackType
 from typing import Any, Literal
 from urllib.parse import urlencode, urlsplit
 
-import httpx
-
 from loghub._clock import Clock, SystemClock
+from loghub._httpx import httpx
 from loghub._retry import RetryPolicy, retry_call
 from loghub.client._pulls import PullConnections
 from loghub.errors import ParameterInvalid, TransportError

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-import httpx
 from starlette.responses import Response
 
+from loghub._httpx import httpx
 from loghub.cluster.etcd_store import EtcdStore, Fence
 from loghub.cluster.group_coordinators import GroupCoordinators, GroupKey
 from loghub.cluster.keys import watch_keys

@@ -11,8 +11,7 @@ import threading
 import time
 from types import TracebackType
 
-import httpx
-
+from loghub._httpx import httpx
 from loghub.server.app import build_app
 from loghub.server.config import ServerConfig
 from loghub.server.main import uvicorn_server
