@@ -8,8 +8,12 @@ new consumer joins a balanced group of 10 with everybody heartbeating every seco
 wall time until the group is balanced again (every shard held, counts within 1) is printed.
 The pure group logic's own CPU per heartbeat is printed beside it for reference.
 
-    python benchmarks/groups.py [--shards 1000] [--rounds 20] [--sizes 1,10,100] [--runs 3]
-                                [--smoke]
+Each measurement takes at least ``--heartbeats-min`` heartbeats (more rounds for a small
+group): /proc counts CPU time in clock ticks (10 ms), so 5 rounds of one consumer could only
+read as 0 or 2 ms a heartbeat.
+
+    python benchmarks/groups.py [--shards 1000] [--rounds 20] [--heartbeats-min 500]
+                                [--sizes 1,10,100] [--runs 3] [--smoke]
 
 Saves the figures to benchmarks/results/groups.json.
 """
@@ -134,6 +138,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shards", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument(
+        "--heartbeats-min", type=int, default=500, help="heartbeats a measurement at least"
+    )
     parser.add_argument("--sizes", default="1,10,100")
     parser.add_argument("--join-interval-s", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=3, help="measurements of each figure (3)")
@@ -142,6 +149,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.shards, args.rounds, args.sizes, args.runs = 20, 2, "1,3", 1
+        args.heartbeats_min = 4
         args.join_interval_s = 0.05
     sizes = [int(size) for size in args.sizes.split(",")]
     rows: list[Row] = []
@@ -158,15 +166,17 @@ def main() -> None:
         ) as http:
             print(f"consumer groups over {args.shards} shards, loghub serve pid {server.pid}")
             for size in sizes:
+                measured_rounds = max(args.rounds, -(-args.heartbeats_min // size))
                 cpu_runs, rounds = cpu_per_heartbeat(
-                    server, http, size, args.shards, args.rounds, args.runs
+                    server, http, size, args.shards, measured_rounds, args.runs
                 )
                 cpu_s = statistics.median(cpu_runs)
                 pure = pure_logic_us(args.shards, size, max(1, args.rounds // 4))
                 print(
                     f"  {size:>3} consumers: server CPU {cpu_s * 1e3:.2f} ms per heartbeat "
                     f"(HTTP included; pure group logic {pure / 1e3:.2f} ms), balanced "
-                    f"after {rounds} heartbeat rounds"
+                    f"after {rounds} heartbeat rounds; {measured_rounds * size} heartbeats a "
+                    "measurement"
                 )
                 rows.append(
                     Row(

@@ -82,6 +82,64 @@ def test_bodies_too_deep_too_long_or_not_json_are_post_body_invalid(body: bytes)
         loads_json(body)
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" + b"1" * 41 + b"]",
+        b"[-" + b"1" * 40 + b"]",
+        b"[1." + b"0" * 39 + b"]",
+        b"[1e" + b"0" * 39 + b"]",
+        b'["' + b"1" * 100 + b'", ' + b"2" * 41 + b"]",  # a long run in a string besides
+    ],
+)
+def test_a_number_literal_longer_than_40_characters_is_refused(body: bytes) -> None:
+    with pytest.raises(PostBodyInvalid):
+        loads_json(body)
+
+
+@pytest.mark.parametrize(
+    ("body", "value"),
+    [
+        (b"[" + b"1" * 40 + b"]", [int("1" * 40)]),
+        (b'["' + b"1" * 100 + b'", 7, 2.5]', ["1" * 100, 7, 2.5]),  # long run inside a string
+        (b'{"e": "' + b"e" * 50 + b'", "n": -0.5e-3}', {"e": "e" * 50, "n": -0.5e-3}),
+        (json.dumps(list(range(1000))).encode(), list(range(1000))),
+    ],
+)
+def test_numbers_up_to_the_bound_are_read_whatever_the_strings_hold(
+    body: bytes, value: object
+) -> None:
+    assert loads_json(body) == value
+
+
+@settings(derandomize=True, max_examples=300)
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(alphabet="0123456789.eE-+x\"", max_size=60),
+    lambda children: st.lists(children, max_size=5)
+    | st.dictionaries(st.text(max_size=5), children, max_size=5),
+    max_leaves=20,
+))  # fmt: skip
+def test_any_json_reads_as_json_loads_or_is_refused_for_a_long_number(value: object) -> None:
+    body = json.dumps(value).encode()
+    literals_ok = all(len(text) <= 40 for text in json_number_literals(body.decode()))
+    if literals_ok:
+        assert loads_json(body) == json.loads(body)
+    else:
+        with pytest.raises(PostBodyInvalid):
+            loads_json(body)
+
+
+def json_number_literals(text: str) -> list[str]:
+    """The number literals of a JSON text (outside strings)."""
+    found: list[str] = []
+    decoder = json.JSONDecoder(
+        parse_int=lambda t: found.append(t) or 0, parse_float=lambda t: found.append(t) or 0.0
+    )
+    decoder.decode(text)
+    return found
+
+
 def test_brackets_inside_strings_do_not_count_as_depth() -> None:
     body = json.dumps({"key": "[" * 1000, "list": [[1]]}).encode()
     assert loads_json(body) == {"key": "[" * 1000, "list": [[1]]}

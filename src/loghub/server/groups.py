@@ -536,9 +536,13 @@ def _held_shards(consumer: str, held: Any) -> list[int]:
     """A heartbeat's body (the shard ids its consumer holds), checked."""
     if not isinstance(held, list) or len(held) > _HELD_SHARDS_MAX:
         raise ParameterInvalid("a heartbeat body is a JSON array of shard ids")
-    shard_ids = [
-        json_int(s, "a held shard id", ParameterInvalid, low=0, high=_SHARD_ID_MAX) for s in held
-    ]
+    if held and set(map(type, held)) == {int} and min(held) >= 0 and max(held) <= _SHARD_ID_MAX:
+        shard_ids = held  # what every SDK sends: plain ids, checked without a call per id
+    else:
+        shard_ids = [
+            json_int(s, "a held shard id", ParameterInvalid, low=0, high=_SHARD_ID_MAX)
+            for s in held
+        ]
     if not consumer:
         raise ParameterInvalid("the query parameter consumer is required")
     return shard_ids

@@ -134,6 +134,11 @@ def loads_json(body: bytes, error: type[LogHubError] = PostBodyInvalid) -> Any:
     Infinity."""
     _check_depth(body, error)
     try:
+        if _NUMBER_CHARS_RUN.search(body) is None:
+            # No run of number characters is longer than the bound, so no number literal
+            # is: the parser's own int and float, without a Python call per number (a
+            # heartbeat of 1,000 shard ids made 1,000 of them).
+            return json.loads(body, parse_constant=_json_constant)
         return json.loads(
             body,
             parse_int=_json_int_literal,
@@ -153,6 +158,11 @@ def _check_depth(body: bytes, error: type[LogHubError]) -> None:
         depth += 1 if match.group() in (b"[", b"{") else -1
         if depth > JSON_DEPTH_MAX:
             raise error(f"the body is nested deeper than {JSON_DEPTH_MAX} levels")
+
+
+# A run of the characters a JSON number is made of, longer than a number literal may be (it
+# may also be inside a string: then the literal's lengths are checked one by one).
+_NUMBER_CHARS_RUN = re.compile(rb"[-+.eE0-9]{%d}" % (JSON_NUMBER_CHARS_MAX + 1))
 
 
 def _json_int_literal(text: str) -> int:
