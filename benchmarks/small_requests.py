@@ -375,17 +375,24 @@ def _figures(run: IngestRun) -> CaseFigures:
 
 
 def run_loghub(
-    server: ServerChild, batches: list[Batch], connections: int, shards: int, args: Any
+    server: ServerChild | list[ServerChild],
+    batches: list[Batch],
+    connections: int,
+    shards: int,
+    args: Any,
 ) -> CaseFigures:
+    """The case against one server, or against several (connections spread over them, the
+    figures of all together)."""
+    servers = server if isinstance(server, list) else [server]
     logstore = _logstore_name(batches[0].logs, connections)
-    fsyncs_before, started = fsync_count(server.port), time.monotonic()
+    fsyncs_before, started = sum(fsync_count(s.port) for s in servers), time.monotonic()
     run = run_producers(
         server, batches, connections, paths=(f"/logstores/{logstore}/shards/lb",),
         warmup_s=args.warmup, seconds=args.seconds, sender_factory=RawPutSender,
     )  # fmt: skip
     figures = _figures(run)
     elapsed = time.monotonic() - started
-    figures.fsyncs_per_s = (fsync_count(server.port) - fsyncs_before) / elapsed
+    figures.fsyncs_per_s = (sum(fsync_count(s.port) for s in servers) - fsyncs_before) / elapsed
     return figures
 
 
@@ -396,27 +403,22 @@ def run_loghub_processes(
     share of the shards and of the connections: what several server processes on one port
     could do at best (each owning its shards, with no request passed from one to another and
     no shared metadata), to weigh the second core (docs/decisions.md, "Both cores")."""
-    logstore = _logstore_name(batches[0].logs, connections)
     servers = [ServerChild(data_dir / f"process-{i}") for i in range(PROCESSES)]
     try:
         for server in servers:
             server.data_dir.mkdir(parents=True)
             server.start()
-            create_logstore(server.port, max(1, shards // PROCESSES), logstore)
-        fsyncs_before, started = sum(fsync_count(s.port) for s in servers), time.monotonic()
-        run = run_producers(
-            servers, batches, connections, paths=(f"/logstores/{logstore}/shards/lb",),
-            warmup_s=args.warmup, seconds=args.seconds, sender_factory=RawPutSender,
-        )  # fmt: skip
-        figures = _figures(run)
-        elapsed = time.monotonic() - started
-        figures.fsyncs_per_s = (sum(fsync_count(s.port) for s in servers) - fsyncs_before) / elapsed
+            create_logstore(
+                server.port,
+                max(1, shards // PROCESSES),
+                _logstore_name(batches[0].logs, connections),
+            )
+        return run_loghub(servers, batches, connections, shards, args)
     finally:
         for server in servers:
             server.stop()
         for server in servers:
             remove_tree(server.data_dir)
-    return figures
 
 
 def run_redis(
