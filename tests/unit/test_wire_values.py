@@ -90,6 +90,8 @@ def test_bodies_too_deep_too_long_or_not_json_are_post_body_invalid(body: bytes)
         b"[1." + b"0" * 39 + b"]",
         b"[1e" + b"0" * 39 + b"]",
         b'["' + b"1" * 100 + b'", ' + b"2" * 41 + b"]",  # a long run in a string besides
+        ("[" + "1" * 41 + "]").encode("utf-16"),  # json.loads reads UTF-16 and UTF-32 too
+        ("[" + "1" * 41 + "]").encode("utf-32-le"),
     ],
 )
 def test_a_number_literal_longer_than_40_characters_is_refused(body: bytes) -> None:
