@@ -16,11 +16,15 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from etcd import EtcdCluster, running_etcd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from server_process import ServerProcess, free_port  # noqa: E402
+
+if TYPE_CHECKING:
+    from loghub.cluster.controller import PlacementRecord
 
 __all__ = ["LogHubCluster", "running_cluster"]
 
@@ -94,19 +98,23 @@ class LogHubCluster:
 
         return asyncio.run(cluster_status(self.etcd.url))
 
-    def owners(self, project: str, logstore: str) -> dict[int, str]:
-        """Shard id -> the node its placement record names."""
+    def placements(self) -> dict[tuple[str, str], PlacementRecord]:
+        """(project, logstore) -> its placement record, as the controller wrote it in etcd."""
         import asyncio
 
         from loghub.cluster.controller import read_placements
         from loghub.cluster.etcd_store import EtcdStore
 
-        async def read() -> dict[int, str]:
+        async def read() -> dict[tuple[str, str], PlacementRecord]:
             async with EtcdStore(self.etcd.url) as store:
-                record = (await read_placements(store)).get((project, logstore))
-                return dict(record.owners) if record else {}
+                return dict(await read_placements(store))
 
         return asyncio.run(read())
+
+    def owners(self, project: str, logstore: str) -> dict[int, str]:
+        """Shard id -> the node its placement record names."""
+        record = self.placements().get((project, logstore))
+        return dict(record.owners) if record else {}
 
     def wait_placed(self, shards: int = 0, timeout_s: float = 30.0) -> None:
         """Until every live node is registered, at least ``shards`` shards are placed, and no

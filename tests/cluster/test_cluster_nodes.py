@@ -87,7 +87,7 @@ def test_any_node_serves_any_shard_with_the_official_sdk(cluster: LogHubCluster)
     with sdk(first) as client:
         client.create_logstore(PROJECT, "spread", shard_count=6)
     wait_owned(cluster, "spread", set(range(6)))
-    owners = placement_owners(cluster, "spread")
+    owners = cluster.owners(PROJECT, "spread")
     assert sorted(Counter(owners.values()).values()) == [2, 2, 2]
     for index, node in enumerate(cluster.nodes):
         with sdk(node) as client:
@@ -104,25 +104,11 @@ def test_any_node_serves_any_shard_with_the_official_sdk(cluster: LogHubCluster)
             assert sorted(pull_all(client, "spread")) == expected
 
 
-def placement_owners(cluster: LogHubCluster, logstore: str) -> dict[int, str]:
-    import asyncio
-
-    from loghub.cluster.controller import read_placements
-    from loghub.cluster.etcd_store import EtcdStore
-
-    async def read() -> dict[int, str]:
-        async with EtcdStore(cluster.etcd.url) as store:
-            record = (await read_placements(store)).get((PROJECT, logstore))
-            return dict(record.owners) if record else {}
-
-    return asyncio.run(read())
-
-
 def wait_owned(cluster: LogHubCluster, logstore: str, shard_ids: set[int]) -> None:
     """Until each of ``shard_ids`` is placed on a live node."""
     deadline = time.monotonic() + 20
     while True:
-        owners = placement_owners(cluster, logstore)
+        owners = cluster.owners(PROJECT, logstore)
         live = {n["node"] for n in cluster.status()["nodes"]}  # type: ignore[attr-defined]
         if all(owners.get(s) in live for s in shard_ids):
             return
@@ -135,7 +121,7 @@ def test_split_merge_and_an_ordered_group_across_nodes(cluster: LogHubCluster) -
         client.create_logstore(PROJECT, "reshard", shard_count=2)
     wait_owned(cluster, "reshard", {0, 1})
     low, high = "00" * 16, "ff" * 16
-    owners = placement_owners(cluster, "reshard")
+    owners = cluster.owners(PROJECT, "reshard")
     # split shard 0 through a node that does not hold it: the request goes to its owner,
     # which seals its log before the split commits
     entry = next(n for i, n in enumerate(cluster.nodes) if f"n{i}" != owners[0])
@@ -152,7 +138,7 @@ def test_split_merge_and_an_ordered_group_across_nodes(cluster: LogHubCluster) -
     assert by_id[0]["status"] == "readonly" and {2, 3} <= set(by_id)
     # merge two neighbours held by two nodes: the owner of the left one seals the right one
     # on its node too
-    owners = placement_owners(cluster, "reshard")
+    owners = cluster.owners(PROJECT, "reshard")
     assert owners[2] != owners[3] or owners[3] != owners[1]
     left = 2 if owners[2] != owners[3] else 3
     with sdk(cluster.nodes[2]) as client:
@@ -321,7 +307,7 @@ def test_a_node_paused_past_its_lease_rejoins(cluster: LogHubCluster) -> None:
     controller = cluster.status()["controller"]
     index = next(i for i in range(3) if f"n{i}" != controller)
     node = cluster.nodes[index]
-    held = [k for k, v in placement_owners(cluster, "spread").items() if v == f"n{index}"]
+    held = [k for k, v in cluster.owners(PROJECT, "spread").items() if v == f"n{index}"]
     entry = cluster.nodes[next(i for i in range(3) if i != index)]
     node.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
     try:
@@ -354,7 +340,7 @@ def test_a_deleted_logstore_leaves_no_data_on_any_node(cluster: LogHubCluster) -
     with sdk(cluster.nodes[0]) as client:
         client.create_logstore(PROJECT, "doomed", shard_count=3)
     wait_owned(cluster, "doomed", {0, 1, 2})
-    owners = placement_owners(cluster, "doomed")
+    owners = cluster.owners(PROJECT, "doomed")
     with sdk(cluster.nodes[0]) as client:
         for key in ("00" * 16, "60" + "00" * 15, "c0" + "00" * 15):
             put(client, "doomed", "bye", 10, hash_key=key)

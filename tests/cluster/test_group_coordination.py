@@ -21,7 +21,6 @@ from cluster_nodes import NODE_TTL_S, LogHubCluster, running_cluster
 from server_process import ServerProcess
 
 from loghub.client import LogHubClient
-from loghub.cluster.controller import PlacementRecord, read_placements
 from loghub.cluster.etcd_store import EtcdStore
 from loghub.cluster.group_coordinators import (
     GroupAssignment,
@@ -117,18 +116,13 @@ def moves_left(cluster: LogHubCluster, via: LogHubClient) -> int:
     """How many writable shards the controller would still place or move, plus hand-overs
     under way: for each logstore, what ``coordination.placement.place`` (the controller's
     own rule, per logstore) makes of the live nodes, against the owners its record names."""
-
-    async def records() -> dict[tuple[str, str], PlacementRecord]:
-        async with EtcdStore(cluster.etcd.url) as store:
-            return dict(await read_placements(store))
-
     status = cluster.status()
     slots = [
         NodeSlot(str(n["node"]), str(n["rack"]), bool(n["draining"]))  # type: ignore[index]
         for n in status["nodes"]  # type: ignore[attr-defined]
     ]
     left = len(status["handovers"])  # type: ignore[arg-type]
-    for (project, logstore), record in asyncio.run(records()).items():
+    for (project, logstore), record in cluster.placements().items():
         owners = record.owners
         try:
             shards = via.list_shards(project, logstore)
