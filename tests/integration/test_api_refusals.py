@@ -195,3 +195,40 @@ def test_create_project_refuses_a_missing_or_conflicting_name(
     _refused(reply, 400, code)
     reply = _send(http, "GET", "/", host="other.127.0.0.1")
     assert reply.error_code() == "ProjectNotExist", reply.body
+
+
+def test_update_logstore_refuses_a_rename_and_keeps_the_logstore(http: RawConnection) -> None:
+    renamed = json.dumps({"logstoreName": "renamed", "ttl": 9}).encode()
+    _refused(_send(http, "PUT", STORE, body=renamed), 400, "LogStoreInfoInvalid")
+    reply = _send(http, "GET", STORE)
+    assert (reply.json()["logstoreName"], reply.json()["ttl"]) == ("store", 7), reply.body
+    assert _send(http, "GET", "/logstores/renamed").error_code() == "LogStoreNotExist"
+    # the body may name the logstore itself, as the SDKs' updates do, or not name it at all
+    for body in ({"logstoreName": "store", "ttl": 8}, {"ttl": 7}):
+        reply = _send(http, "PUT", STORE, body=json.dumps(body).encode())
+        assert reply.status == 200, reply.body
+    assert _send(http, "GET", STORE).json()["ttl"] == 7
+
+
+def test_checkpoint_refuses_a_missing_shard_and_a_force_success_that_is_not_a_boolean(
+    http: RawConnection,
+) -> None:
+    groups = STORE + "/consumergroups"
+    body = json.dumps({"consumerGroup": "refusals", "timeout": 10, "order": False}).encode()
+    assert _send(http, "POST", groups, body=body).status == 200
+    path = groups + "/refusals"
+
+    def checkpoint(force: str, body: dict[str, object]) -> Reply:
+        query = [("type", "checkpoint"), ("consumer", "c1"), ("forceSuccess", force)]
+        return _send(http, "POST", path, query, json.dumps(body).encode())
+
+    reply = checkpoint("true", {"checkpoint": "MA=="})
+    _refused(reply, 400, "ParameterInvalid")
+    assert "shard" in reply.json()["errorMessage"] and "None" not in reply.json()["errorMessage"]
+    # "yes" is not read as false, which would fence the write and answer ConsumerNotMatch
+    for force in ("yes", "1", "truee"):
+        _refused(checkpoint(force, {"shard": 0, "checkpoint": "MA=="}), 400, "ParameterInvalid")
+    for force in ("True", "true", "TRUE", ""):  # the Python SDK sends True; empty is absent
+        reply = checkpoint(force, {"shard": 0, "checkpoint": "MA=="})
+        assert reply.status == 200, (force, reply.body)
+    _refused(checkpoint("False", {"shard": 0, "checkpoint": "MA=="}), 400, "ConsumerNotMatch")

@@ -287,6 +287,18 @@ def _int_param(call: _Call, name: str, default: int | None = None) -> int:
     return parse_decimal(text, name, ParameterInvalid, negative=True, digits_max=12, fraction=True)
 
 
+def _bool_param(call: _Call, name: str, default: bool) -> bool:
+    """A boolean query parameter, ``true`` or ``false`` in any case (the Python SDK sends
+    ``True``); absent or empty is ``default``. Anything else is refused rather than read as
+    false: a typo in ``forceSuccess`` must not quietly fence a checkpoint."""
+    text = call.optional(name)
+    if text is None:
+        return default
+    if text.lower() not in ("true", "false"):
+        raise ParameterInvalid(f"{name} must be true or false, not {text[:40]!r}")
+    return text.lower() == "true"
+
+
 class LogHubApp:
     def __init__(self, service: LogHubService) -> None:
         self.service = service
@@ -815,7 +827,7 @@ class LogHubApp:
                 )
             return _json(granted, call.request_id)
         if call.method == "POST" and kind == "checkpoint":
-            force = (call.optional("forceSuccess") or "true").lower() == "true"
+            force = _bool_param(call, "forceSuccess", default=True)
             await self._blocking(
                 groups.update_checkpoint,
                 project,

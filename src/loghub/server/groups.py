@@ -280,7 +280,9 @@ class GroupService:
     ) -> None:
         if not isinstance(body, dict):
             raise ParameterInvalid("the body must be a JSON object")
-        shard_id = json_int(body.get("shard"), "shard", ParameterInvalid, low=0, high=_SHARD_ID_MAX)
+        if body.get("shard") is None:
+            raise ParameterInvalid("shard (the shard id the checkpoint is for) is required")
+        shard_id = json_int(body["shard"], "shard", ParameterInvalid, low=0, high=_SHARD_ID_MAX)
         cursor = body.get("checkpoint")
         if not isinstance(cursor, str):
             raise InvalidShardCheckPoint("checkpoint (a cursor string) is required")

@@ -246,7 +246,14 @@ class LogHubService:
     def update_logstore(self, project: str, name: str, body: Mapping[str, Any]) -> Logstore:
         """Applies the changed fields; `shardCount` is ignored, since only split and merge
         change the shards of a logstore. Quota keys absent from the body are kept: the
-        official SDK's update sends only the keys it knows."""
+        official SDK's update sends only the keys it knows. A `logstoreName` other than the
+        path's is refused, not ignored: the caller meant a rename, which is not done."""
+        named = body.get("logstoreName")
+        if named is not None and named != name:
+            raise LogStoreInfoInvalid(
+                f"logstoreName {str(named)[:70]!r} in the body is not the logstore {name!r} of "
+                "the path; a logstore cannot be renamed"
+            )
         changes = logstore_changes_from_json(body)
         if "extra" in changes:
             old = self.metadata.get_logstore(project, name).extra
