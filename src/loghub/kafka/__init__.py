@@ -46,7 +46,12 @@ def start_listener(
     if config.tls_cert_file is not None and config.tls_key_file is not None:
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         tls.load_cert_chain(config.tls_cert_file, config.tls_key_file)
-    listener = KafkaListener(broker, sock, ListenerLimits(), tls)
+    # the HTTP server's bounds on connections and on stalled bodies hold for Kafka too
+    limits = ListenerLimits(
+        connections_max=config.limits.connections_max,
+        frame_timeout_s=config.limits.body_timeout_s,
+    )
+    listener = KafkaListener(broker, sock, limits, tls)
     listener.start()
     return listener
 

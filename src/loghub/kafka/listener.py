@@ -5,7 +5,18 @@ so several may be in flight (both clients pipeline); the writer sends the answer
 request order, as Kafka does. Limits:
 
 - a frame over ``frame_bytes_max`` closes the connection (Kafka's
-  ``socket.request.max.bytes``);
+  ``socket.request.max.bytes``); before a connection has authenticated, when access keys
+  are set, the bound is ``unauthenticated_frame_bytes_max`` (Kafka's
+  ``sasl.server.max.receive.size``), so that no one without a key makes the server hold
+  100 MB;
+- a frame whose bytes stop coming for ``frame_timeout_s`` closes the connection (a client
+  that sends a length and then nothing would otherwise hold its socket and buffer for good);
+- frames are read only while the frames of all connections being read or handled hold at
+  most ``inflight_frame_bytes_max`` bytes; beyond that, reading waits for room (Kafka's
+  ``queued.max.request.bytes``), which bounds the memory many connections can make the
+  server hold;
+- at most ``connections_max`` connections are open; one more is closed at once (Kafka's
+  ``max.connections``), so that file descriptors stay for the data;
 - at most ``inflight_requests_max`` requests per connection are in flight; reading pauses
   beyond that;
 - a connection with nothing to read for ``idle_timeout_s`` is closed, unless a request is
@@ -28,6 +39,7 @@ import struct
 import threading
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from functools import partial
 
 from loghub.kafka.broker import Broker, Session
 from loghub.wire.kafka.codec import KafkaDecodeError
@@ -36,13 +48,52 @@ __all__ = ["KafkaListener", "ListenerLimits"]
 
 log = logging.getLogger("loghub.kafka")
 _SIZE = struct.Struct(">i")
+_READ_BYTES_MAX = 1024 * 1024  # a large frame is read in steps of this, each with a timeout
+
+
+def _give_back(frame_bytes: _FrameBytes, size: int, _handled: object) -> None:
+    frame_bytes.give_back(size)
 
 
 @dataclass(frozen=True)
 class ListenerLimits:
     frame_bytes_max: int = 100 * 1024 * 1024
+    unauthenticated_frame_bytes_max: int = 512 * 1024
+    # twice the largest frame: one such frame is always let in beside many small ones
+    inflight_frame_bytes_max: int = 200 * 1024 * 1024
     inflight_requests_max: int = 32
     idle_timeout_s: float = 600.0
+    frame_timeout_s: float = 60.0
+    connections_max: int = 1000
+
+
+class _FrameBytes:
+    """The bytes of the frames being read or handled, over all connections: a frame waits
+    for room before it is read, and one frame alone is always let in. Used from one event
+    loop only."""
+
+    def __init__(self, bytes_max: int) -> None:
+        self._max = bytes_max
+        self._in_use = 0
+        self._waiters: list[asyncio.Future[None]] = []
+
+    async def take(self, size: int) -> None:
+        while self._in_use and self._in_use + size > self._max:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        self._in_use += size
+
+    def give_back(self, size: int) -> None:
+        self._in_use -= size
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:  # each checks again whether it fits now
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 class KafkaListener:
@@ -63,6 +114,7 @@ class KafkaListener:
         self._started = threading.Event()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._frame_bytes: _FrameBytes | None = None  # made in the listener's loop
 
     # -- running in a thread of its own -------------------------------------------------
 
@@ -81,6 +133,7 @@ class KafkaListener:
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._frame_bytes = _FrameBytes(self._limits.inflight_frame_bytes_max)
         self._server = await asyncio.start_server(self._serve, sock=self._sock, ssl=self._tls)
         ticker = asyncio.create_task(self._broker.run_timers())
         self._started.set()
@@ -101,8 +154,16 @@ class KafkaListener:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
         peer = writer.get_extra_info("peername")
+        if len(self._connections) >= self._limits.connections_max:
+            log.warning(
+                "closing a Kafka connection from %s: %d are open already",
+                peer,
+                self._limits.connections_max,
+            )
+            writer.close()
+            return
+        self._connections.add(task)
         session = Session(client_host=str(peer[0]) if peer else "")
         answers: asyncio.Queue[Awaitable[bytes | None] | None] = asyncio.Queue(
             self._limits.inflight_requests_max
@@ -114,6 +175,12 @@ class KafkaListener:
             pass
         except KafkaDecodeError as exc:
             log.info("closing Kafka connection from %s: %s", peer, exc)
+        except TimeoutError:
+            log.info(
+                "closing Kafka connection from %s: a frame made no progress for %s s",
+                peer,
+                self._limits.frame_timeout_s,
+            )
         finally:
             if not sender.done():
                 with contextlib.suppress(asyncio.QueueFull):
@@ -141,14 +208,39 @@ class KafkaListener:
                     return
                 continue
             (size,) = _SIZE.unpack(head)
-            if not 8 <= size <= self._limits.frame_bytes_max:
-                raise KafkaDecodeError(
-                    f"frame of {size} bytes (limit {self._limits.frame_bytes_max})"
-                )
-            frame = await reader.readexactly(size)
-            handled = self._broker.handle(frame, session)  # raises on an unsupported request
-            await answers.put(asyncio.ensure_future(handled))
+            if self._broker.config.keys and session.key_id is None:
+                limit = self._limits.unauthenticated_frame_bytes_max
+            else:
+                limit = self._limits.frame_bytes_max
+            if not 8 <= size <= limit:
+                raise KafkaDecodeError(f"frame of {size} bytes (limit {limit})")
+            assert self._frame_bytes is not None, "made before the server starts"
+            await self._frame_bytes.take(size)
+            try:
+                frame = await self._read_frame(reader, size)
+                # decoding raises on an unsupported request
+                handled = asyncio.ensure_future(self._broker.handle(frame, session))
+            except BaseException:
+                self._frame_bytes.give_back(size)
+                raise
+            handled.add_done_callback(partial(_give_back, self._frame_bytes, size))
+            await answers.put(handled)
         await answers.put(None)
+
+    async def _read_frame(self, reader: asyncio.StreamReader, size: int) -> bytes:
+        """The frame's ``size`` bytes; ``TimeoutError`` when none came for
+        ``frame_timeout_s`` (progress resets the clock, so a slow link may take longer)."""
+        chunks: list[bytes] = []
+        left = size
+        while left:
+            chunk = await asyncio.wait_for(
+                reader.read(min(left, _READ_BYTES_MAX)), self._limits.frame_timeout_s
+            )
+            if not chunk:
+                raise asyncio.IncompleteReadError(b"".join(chunks), size)
+            chunks.append(chunk)
+            left -= len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _send(
         self, answers: asyncio.Queue[Awaitable[bytes | None] | None], writer: asyncio.StreamWriter
