@@ -5,7 +5,8 @@ coming is answered; stalled large frames from many connections hold a bounded am
 server's memory (later frames wait for room instead of being read); connections over the cap
 are closed while the open ones carry on; and with access keys, a frame over 512 KiB before
 authentication closes the connection without being read, while an authenticated client still
-sends large records. The timeouts are short here so that the tests are quick.
+sends large records; and a Fetch asking for 2 GiB gets at most the server's pull bound. The
+timeouts and bounds are small here so that the tests are quick.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import pytest
 from server_process import ServerProcess, free_port
 
 from loghub.client import LogHubClient
+from loghub.wire.kafka.codec import decode_response, encode_request
+from loghub.wire.logs import make_log_group
 
 BODY_TIMEOUT_S = 1.5
 SLACK_S = 2.0
@@ -210,3 +213,36 @@ def test_before_sasl_a_frame_over_512_kib_is_refused_unread(tmp_path: Path) -> N
         assert delivered == [None]
     finally:
         keyed.stop()
+
+
+def test_a_fetch_asking_for_2_gib_gets_at_most_the_pull_bound(tmp_path: Path) -> None:
+    bound = MIB
+    small = _start(tmp_path / "data", f"--pull-bytes-max={bound}")
+    try:
+        with LogHubClient(small.endpoint) as client:
+            client.create_project("bounds")
+            client.create_logstore("bounds", "big", shard_count=1)
+            for index in range(12):  # about 300 KiB raw each, 3.6 MiB in all
+                logs = [
+                    (1_700_000_000, {"i": str(index), "pad": f"{n:06d}" * 5000}) for n in range(10)
+                ]
+                client.put_log_group("bounds", "big", make_log_group(logs), shard_id=0)
+        request = {
+            "ReplicaId": -1, "MaxWaitMs": 0, "MinBytes": 1, "MaxBytes": 2**31 - 1,
+            "IsolationLevel": 0,
+            "Topics": [{"Topic": "bounds.big", "Partitions": [
+                {"Partition": 0, "FetchOffset": 0, "PartitionMaxBytes": 2**31 - 1},
+            ]}],
+        }  # fmt: skip
+        payload = struct.pack(">hhih", 1, 4, 5, 4) + b"test" + encode_request(1, 4, request)
+        with _connect(small) as sock:
+            sock.sendall(struct.pack(">i", len(payload)) + payload)
+            size = struct.unpack(">i", _read(sock, 4))[0]
+            answer = decode_response(1, 4, _read(sock, size)[4:])
+        partition = answer["Responses"][0]["Partitions"][0]
+        assert partition["ErrorCode"] == 0
+        # the bound, plus at most the one group that crosses it
+        assert 0 < len(partition["Records"]) < bound + 400 * 1024, len(partition["Records"])
+        assert partition["HighWatermark"] > 0
+    finally:
+        small.stop()

@@ -36,6 +36,7 @@ def start_listener(
             advertised_port=port,
             topic_separator=config.kafka_topic_separator,
             initial_rebalance_delay_ms=config.kafka_initial_rebalance_delay_ms,
+            fetch_bytes_max=config.limits.pull_bytes_max,  # the same bound as a pull's
             keys=config.keys,
             key_grants=config.key_grants,
         ),

@@ -173,6 +173,9 @@ class BrokerConfig:
     initial_rebalance_delay_ms: int = 500
     fetch_poll_ms: int = 50
     fetch_groups_max: int = 1000
+    # raw bytes of log groups in one Fetch answer, whatever its MaxBytes asks (Kafka's
+    # fetch.max.bytes): a client asking for 2 GiB must not make the server build 2 GiB
+    fetch_bytes_max: int = 16 * 1024 * 1024
     batch_bytes_max: int = 32 * 1024 * 1024  # a batch's records after decompression
     threads: int = 16
     new_topic_partitions: int = 2
@@ -732,7 +735,7 @@ class Broker:
             waited_ms += step_ms
 
     def _read_partitions(self, request: Message, session: Session) -> tuple[list[Message], int]:
-        budget = request.get("MaxBytes", 2**31 - 1)
+        budget = min(request.get("MaxBytes", 2**31 - 1), self.config.fetch_bytes_max)
         total = 0
         topics = []
         for topic in request["Topics"]:
