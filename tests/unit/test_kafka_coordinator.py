@@ -1,5 +1,6 @@
 """The classic Kafka group coordinator, driven with a fake clock: joins, generations,
-fencing, commits during a rebalance, session expiry and the rebalance timeout."""
+fencing, commits during a rebalance, session expiry, the rebalance timeout, and the bounds on
+what it keeps (empty groups forgotten, unused member ids lapsing)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from typing import Any
 
 from loghub.kafka.coordinator import (
     ILLEGAL_GENERATION,
+    INCONSISTENT_GROUP_PROTOCOL,
     MEMBER_ID_REQUIRED,
     REBALANCE_IN_PROGRESS,
     UNKNOWN_MEMBER_ID,
     Coordinator,
     GroupState,
+    members_per_group_max,
 )
 from loghub.testing import FakeClock
 
@@ -90,7 +93,7 @@ def test_a_silent_member_expires_and_the_group_rebalances_without_it() -> None:
         clock.advance(10_001)  # its session timeout
         coordinator.tick()
         assert coordinator.heartbeat("g", 1, first) == UNKNOWN_MEMBER_ID
-        assert coordinator.groups["g"].state is GroupState.EMPTY
+        assert "g" not in coordinator.groups  # empty, and forgotten at once
 
     _run(test)
 
@@ -120,5 +123,52 @@ def test_leaving_members_get_answers_and_an_unknown_one_is_told_so() -> None:
         assert coordinator.leave("g", [first, "nobody"]) == [0, UNKNOWN_MEMBER_ID]
         assert coordinator.groups["g"].state is GroupState.EMPTY
         assert (await _join(coordinator, "stale"))["ErrorCode"] == UNKNOWN_MEMBER_ID
+        await _settle(coordinator, clock)
+        assert "g" not in coordinator.groups
+        assert (await _join(coordinator, first))["ErrorCode"] == UNKNOWN_MEMBER_ID
+        assert await _first_member(coordinator, clock) != first  # a group anew
+
+    _run(test)
+
+
+def test_groups_made_up_per_run_are_forgotten_once_empty() -> None:
+    """Console consumers and scripts make up a group id per run: the coordinator must not keep
+    every group it ever saw (nor the broker its partition counts)."""
+
+    async def test(coordinator: Coordinator, clock: FakeClock) -> None:
+        for run in range(2_000):
+            group = f"console-consumer-{run}"
+            required = await coordinator.join(
+                group, "", "c", "h", None, 10_000, 20_000, "consumer", PROTOCOLS, True
+            )
+            joining = asyncio.ensure_future(
+                coordinator.join(
+                    group, required["MemberId"], "c", "h", None, 10_000, 20_000, "consumer",
+                    PROTOCOLS, True,
+                )
+            )  # fmt: skip
+            await _settle(coordinator, clock)
+            joined = await joining
+            assert coordinator.leave(group, [joined["MemberId"]]) == [0]
+        await _settle(coordinator, clock)
+        assert coordinator.groups == {}
+
+    _run(test)
+
+
+def test_member_ids_handed_out_and_never_used_lapse_and_are_bounded() -> None:
+    async def test(coordinator: Coordinator, clock: FakeClock) -> None:
+        answers = [await _join(coordinator, "") for _ in range(members_per_group_max + 50)]
+        required = [a for a in answers if a["ErrorCode"] == MEMBER_ID_REQUIRED]
+        assert len(required) == members_per_group_max  # the rest are refused
+        assert all(a["ErrorCode"] == INCONSISTENT_GROUP_PROTOCOL for a in answers[len(required) :])
+        assert len(coordinator.groups["g"].pending_ids) == members_per_group_max
+        await _settle(coordinator, clock, 5_000)
+        assert len(coordinator.groups["g"].pending_ids) == members_per_group_max
+        await _settle(coordinator, clock, 5_001)  # the session timeout they were asked with
+        assert "g" not in coordinator.groups
+        late = await _join(coordinator, required[0]["MemberId"])
+        assert late["ErrorCode"] == UNKNOWN_MEMBER_ID
+        assert (await _join(coordinator, ""))["ErrorCode"] == MEMBER_ID_REQUIRED  # room again
 
     _run(test)

@@ -261,6 +261,8 @@ class Broker:
         """Rebalances every settled group whose subscribed topics gained partitions (a split
         or merge) since its generation began: clients would otherwise see them only at their
         next metadata refresh (5 minutes by default)."""
+        for group_id in self._seen_partitions.keys() - self.coordinator.groups.keys():
+            del self._seen_partitions[group_id]  # a group the coordinator forgot
         for group in list(self.coordinator.groups.values()):
             if group.state is not GroupState.STABLE:
                 continue

@@ -20,7 +20,10 @@ session timeout is removed (members waiting in JoinGroup do not expire); a rebal
 members that did not rejoin within the largest rebalance timeout.
 
 State lives in memory: after a restart members get UNKNOWN_MEMBER_ID and rejoin, as after a
-coordinator move in Kafka. Committed offsets are not kept here but in LogHub's checkpoints.
+coordinator move in Kafka. Committed offsets are not kept here but in LogHub's checkpoints,
+so a group with no members is forgotten at the next tick, as after a restart; a member id
+handed out with MEMBER_ID_REQUIRED lapses after the session timeout asked for, as in Kafka,
+and members and such ids together are at most ``members_per_group_max``.
 
 Not thread-safe: used from the listener's event loop only.
 """
@@ -95,7 +98,8 @@ class Group:
     protocol: str | None = None
     leader: str | None = None
     members: dict[str, Member] = field(default_factory=dict)
-    pending_ids: set[str] = field(default_factory=set)
+    # member ids handed out with MEMBER_ID_REQUIRED -> when they lapse (monotonic ms)
+    pending_ids: dict[str, int] = field(default_factory=dict)
     rebalance_deadline_ms: int = 0
     initial_delay_until_ms: int = 0
     formed_wall_ms: int = 0  # when this coordinator first saw the group (wall clock)
@@ -145,13 +149,16 @@ class Coordinator:
         if not member_id:
             member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
             if require_known_member_id:
-                group.pending_ids.add(member_id)
+                if len(group.members) + len(group.pending_ids) >= members_per_group_max:
+                    return _join_error(INCONSISTENT_GROUP_PROTOCOL, "")
+                lapse_ms = self._clock.monotonic_ms() + session_timeout_ms
+                group.pending_ids[member_id] = lapse_ms
                 return _join_error(MEMBER_ID_REQUIRED, member_id)
         elif member_id not in group.members and member_id not in group.pending_ids:
             return _join_error(UNKNOWN_MEMBER_ID, member_id)
         if member_id not in group.members and len(group.members) >= members_per_group_max:
             return _join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
-        group.pending_ids.discard(member_id)
+        group.pending_ids.pop(member_id, None)
         now_ms = self._clock.monotonic_ms()
         member = group.members.get(member_id)
         if member is None:
@@ -269,6 +276,13 @@ class Coordinator:
                         if member.join_waiter is None or member.join_waiter.done():
                             self._remove(group, member.member_id)
                 self._try_complete_join(group)
+            for member_id, lapse_ms in list(group.pending_ids.items()):
+                if now_ms > lapse_ms:  # handed out, never used: as Kafka, for a session
+                    del group.pending_ids[member_id]
+            if group.state is GroupState.EMPTY and not group.members and not group.pending_ids:
+                # forgotten, as after a restart: its offsets are LogHub checkpoints, and a
+                # client that makes up a group id per run must not grow the server
+                del self.groups[group.group_id]
 
     # -- internals -----------------------------------------------------------------------
 
