@@ -25,7 +25,9 @@ local[2]):
    delivered it) estimated from the batches' start times.
 
 Both reads materialize every column of the source's schema (the noop sink consumes whole
-rows), and the Parquet file holds exactly the rows the source produced.
+rows), and the Parquet file holds exactly the rows the source produced. The session reaches its
+Python workers over Unix sockets, as docs/spark.md advises (``--python-sockets tcp``: Spark's
+default, loopback TCP, where each task waits about 40 ms).
 
     .venv/bin/python benchmarks/spark_source.py [--logs 1000000] [--shards 4] [--master local[2]]
 
@@ -100,7 +102,7 @@ def load(port: int, batches: list[Batch], logs: int) -> int:
     return sent
 
 
-def spark_session(master: str) -> Any:
+def spark_session(master: str, unix_sockets: bool = True) -> Any:
     from pyspark.sql import SparkSession
 
     import loghub.spark
@@ -112,6 +114,8 @@ def spark_session(master: str) -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.memory", "2g")
+        # as docs/spark.md advises for Python data sources (Parquet has no Python workers)
+        .config("spark.python.unix.domain.socket.enabled", "true" if unix_sockets else "false")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -314,13 +318,22 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=4, help="passes of each read")
     parser.add_argument("--rate", type=int, default=2000, help="logs/s in the latency run")
     parser.add_argument("--seconds", type=float, default=30, help="length of the latency run")
+    parser.add_argument(
+        "--python-sockets",
+        choices=("unix", "tcp"),
+        default="unix",
+        help="how Spark reaches its Python workers (spark.python.unix.domain.socket.enabled)",
+    )
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--smoke", action="store_true", help="a tiny run that only checks")
     args = parser.parse_args()
     if args.smoke:
         args.logs, args.group_logs, args.passes, args.seconds = 2000, 100, 1, 0
 
-    print(f"machine: {machine_summary()}; Spark master {args.master}")
+    print(
+        f"machine: {machine_summary()}; Spark master {args.master}; Python workers over "
+        f"{args.python_sockets} sockets"
+    )
     data_dir = make_data_dir(args.data_dir, "loghub-spark-bench-")
     server = ServerChild(data_dir / "server", fsync="interval")
     try:
@@ -346,7 +359,7 @@ def main() -> None:
 
 def run(args: argparse.Namespace, server: ServerChild, data_dir: Path, small: list[Batch]) -> None:
     started = time.perf_counter()
-    spark = spark_session(args.master)
+    spark = spark_session(args.master, unix_sockets=args.python_sockets == "unix")
     print(f"SparkSession in {time.perf_counter() - started:.1f} s")
     options = {
         "endpoint": f"127.0.0.1:{server.port}",
@@ -477,6 +490,8 @@ def _save(args: argparse.Namespace, rows: list[Row]) -> None:
     notes = [
         f"{args.logs} logs, Spark master {args.master}, best of {args.passes} passes; the "
         "reads alternate, so each meets the JVM warmed up alike",
+        f"Python workers over {args.python_sockets} sockets "
+        "(spark.python.unix.domain.socket.enabled; see docs/spark.md)",
         "the goal is on the batch read, the same kind of job as spark.read.parquet; a "
         "streaming micro-batch adds Spark's offset and commit log writes",
     ]

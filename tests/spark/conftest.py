@@ -35,6 +35,7 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+        .config("spark.python.unix.domain.socket.enabled", "true")  # as docs/spark.md advises
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
