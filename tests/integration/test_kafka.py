@@ -19,6 +19,7 @@ from aliyun.log import LogClient, LogItem, PutLogsRequest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 from kafka_python_sockets import collected_at_module_end, ignore_unclosed_sockets  # noqa: F401
+from raw_sockets import read_exactly
 from server_process import ServerProcess, free_port
 
 from loghub.wire.kafka.codec import decode_response, encode_request
@@ -279,19 +280,9 @@ def _call(sock: socket.socket, api_key: int, version: int, body: dict[str, Any])
     flexible = (api_key, version) in {(0, 9), (2, 7)}
     payload = header + (b"\x00" if flexible else b"") + encode_request(api_key, version, body)
     sock.sendall(struct.pack(">i", len(payload)) + payload)
-    size = struct.unpack(">i", _read(sock, 4))[0]
-    frame = _read(sock, size)
+    size = struct.unpack(">i", read_exactly(sock, 4))[0]
+    frame = read_exactly(sock, size)
     return decode_response(api_key, version, frame[4 + (1 if flexible else 0) :])
-
-
-def _read(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return data
 
 
 def _produce(sock: socket.socket, topic: str, batch: bytes) -> dict[str, Any]:

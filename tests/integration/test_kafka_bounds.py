@@ -12,7 +12,6 @@ timeouts and bounds are small here so that the tests are quick.
 from __future__ import annotations
 
 import contextlib
-import select
 import socket
 import struct
 import threading
@@ -21,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from raw_sockets import closed_within, read_exactly
 from server_process import ServerProcess, free_port
 
 from loghub.client import LogHubClient
@@ -64,33 +64,10 @@ def _api_versions_frame(correlation_id: int) -> bytes:
 
 def _answered(sock: socket.socket, correlation_id: int) -> bool:
     """Whether the next answer on ``sock`` is the one to ``correlation_id``."""
-    head = _read(sock, 8)
+    head = read_exactly(sock, 8)
     size, answered_id = struct.unpack(">ii", head)
-    _read(sock, size - 4)
+    read_exactly(sock, size - 4)
     return bool(answered_id == correlation_id)
-
-
-def _read(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(data)} of {size} bytes")
-        data += chunk
-    return data
-
-
-def _closed_within(sock: socket.socket, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        readable, _, _ = select.select([sock], [], [], max(0.0, deadline - time.monotonic()))
-        if readable:
-            try:
-                if not sock.recv(65536):
-                    return True
-            except ConnectionResetError:
-                return True
-    return False
 
 
 def _rss_mib(pid: int) -> float:
@@ -104,7 +81,7 @@ def test_a_frame_that_stops_coming_is_cut_within_the_body_timeout(server: Server
     with _connect(server) as sock:
         sock.sendall(struct.pack(">i", 1000) + b"\x00" * 10)  # then nothing
         started = time.monotonic()
-        assert _closed_within(sock, BODY_TIMEOUT_S + SLACK_S)
+        assert closed_within(sock, BODY_TIMEOUT_S + SLACK_S)
         assert time.monotonic() - started >= BODY_TIMEOUT_S * 0.8
     with _connect(server) as sock:  # the listener carries on
         sock.sendall(_api_versions_frame(1))
@@ -144,7 +121,7 @@ def test_stalled_large_frames_of_many_connections_hold_bounded_memory(
         grown = _rss_mib(server.pid) - before
         assert grown < 260, f"the server grew by {grown:.0f} MiB for stalled frames"
         for sock in sockets:  # stalled or waiting: cut, and their room is given back
-            assert _closed_within(sock, BODY_TIMEOUT_S * 3 + SLACK_S)
+            assert closed_within(sock, BODY_TIMEOUT_S * 3 + SLACK_S)
         with _connect(server) as sock:
             sock.sendall(_api_versions_frame(3))
             assert _answered(sock, 3)
@@ -166,7 +143,7 @@ def test_kafka_connections_over_the_cap_are_closed_while_open_ones_work(tmp_path
         with _connect(capped) as extra:
             with contextlib.suppress(OSError):
                 extra.sendall(_api_versions_frame(9))
-            assert _closed_within(extra, 2.0)
+            assert closed_within(extra, 2.0)
         for index, sock in enumerate(held):  # every connection within the cap still works
             sock.sendall(_api_versions_frame(index))
             assert _answered(sock, index)
@@ -189,7 +166,7 @@ def test_before_sasl_a_frame_over_512_kib_is_refused_unread(tmp_path: Path) -> N
     try:
         with _connect(keyed) as sock:
             sock.sendall(struct.pack(">i", 600 * 1024))  # the length alone is enough
-            assert _closed_within(sock, 2.0)
+            assert closed_within(sock, 2.0)
         with _connect(keyed) as sock:  # small frames before authentication are read
             sock.sendall(_api_versions_frame(4))
             assert _answered(sock, 4)
@@ -237,8 +214,8 @@ def test_a_fetch_asking_for_2_gib_gets_at_most_the_pull_bound(tmp_path: Path) ->
         payload = struct.pack(">hhih", 1, 4, 5, 4) + b"test" + encode_request(1, 4, request)
         with _connect(small) as sock:
             sock.sendall(struct.pack(">i", len(payload)) + payload)
-            size = struct.unpack(">i", _read(sock, 4))[0]
-            answer = decode_response(1, 4, _read(sock, size)[4:])
+            size = struct.unpack(">i", read_exactly(sock, 4))[0]
+            answer = decode_response(1, 4, read_exactly(sock, size)[4:])
         partition = answer["Responses"][0]["Partitions"][0]
         assert partition["ErrorCode"] == 0
         # the bound, plus at most the one group that crosses it

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import select
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from raw_sockets import closed_within
 from server_process import ServerProcess
 
 from loghub.wire.logs import make_log_group, parse_log_group_list
@@ -60,21 +60,6 @@ def _connect(server: ServerProcess) -> socket.socket:
     return socket.create_connection(("127.0.0.1", server.port), timeout=10)
 
 
-def _closed_within(sock: socket.socket, timeout_s: float) -> bool:
-    """True when the server closes the connection within timeout_s (any reply is drained)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        readable, _, _ = select.select([sock], [], [], max(0.0, deadline - time.monotonic()))
-        if not readable:
-            continue
-        try:
-            if not sock.recv(65536):
-                return True
-        except ConnectionResetError:
-            return True
-    return False
-
-
 def _head(path: str, length: int | None = None, host: str = "127.0.0.1") -> bytes:
     lines = [f"POST {path} HTTP/1.1" if length is not None else f"GET {path} HTTP/1.1"]
     lines.append(f"Host: {host}")
@@ -108,7 +93,7 @@ def test_slow_header_client_is_cut_within_the_header_timeout(server: ServerProce
             except (BrokenPipeError, ConnectionResetError):
                 cut = True
                 break
-            if _closed_within(sock, 1.0):
+            if closed_within(sock, 1.0):
                 cut = True
                 break
             assert _healthy(server)
@@ -120,7 +105,7 @@ def test_slow_header_client_is_cut_within_the_header_timeout(server: ServerProce
 
 def test_connection_that_sends_nothing_is_cut(server: ServerProcess) -> None:
     with _connect(server) as sock:
-        assert _closed_within(sock, HEADER_TIMEOUT_S + SLACK_S)
+        assert closed_within(sock, HEADER_TIMEOUT_S + SLACK_S)
     assert _healthy(server)
 
 
@@ -131,7 +116,7 @@ def test_idle_keep_alive_connection_is_closed(server: ServerProcess) -> None:
         assert status == 200
         assert headers.get("connection") != "close"
         started = time.monotonic()
-        assert _closed_within(sock, IDLE_TIMEOUT_S + SLACK_S)
+        assert closed_within(sock, IDLE_TIMEOUT_S + SLACK_S)
         assert time.monotonic() - started > IDLE_TIMEOUT_S - 0.5  # not cut right away
     assert _healthy(server)
 
@@ -149,7 +134,7 @@ def test_half_sent_body_is_cut_within_the_body_timeout(server: ServerProcess) ->
         sock.sendall(_head("/logstores/s/shards/lb", length=1000, host="p.127.0.0.1"))
         sock.sendall(b"x" * 500)
         started = time.monotonic()
-        assert _closed_within(sock, BODY_TIMEOUT_S + SLACK_S)
+        assert closed_within(sock, BODY_TIMEOUT_S + SLACK_S)
         assert time.monotonic() - started > BODY_TIMEOUT_S - 0.5
     assert _healthy(server)
 
@@ -237,7 +222,7 @@ def test_connections_over_the_cap_get_503_while_open_ones_work(tmp_path: Path) -
                 assert status == 503
                 assert headers["retry-after"] == "1"
                 assert json.loads(body)["errorCode"] == "ServerBusy"
-            assert _closed_within(extra, 2.0)
+            assert closed_within(extra, 2.0)
         for sock in held:  # every connection within the cap still works
             sock.sendall(_head("/health"))
             assert _read_reply(sock)[0] == 200
