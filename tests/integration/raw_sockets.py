@@ -1,11 +1,15 @@
-"""Reading a plain socket the way tests of the server's bounds need: exactly so many bytes,
-or whether the server closed the connection within a time."""
+"""Plain sockets as tests of the server need them: exactly so many bytes, whether the server
+closed the connection within a time, and one Kafka request and its answer."""
 
 from __future__ import annotations
 
 import select
 import socket
+import struct
 import time
+from typing import Any
+
+from loghub.wire.kafka.codec import decode_response, encode_request
 
 
 def read_exactly(sock: socket.socket, size: int) -> bytes:
@@ -32,3 +36,16 @@ def closed_within(sock: socket.socket, timeout_s: float) -> bool:
         except ConnectionResetError:
             return True
     return False
+
+
+def kafka_call(
+    sock: socket.socket, api_key: int, version: int, body: dict[str, Any]
+) -> dict[str, Any]:
+    """Sends one Kafka request (client id "test", correlation id 7) and reads its answer."""
+    header = struct.pack(">hhih", api_key, version, 7, 4) + b"test"
+    flexible = (api_key, version) in {(0, 9), (2, 7)}
+    payload = header + (b"\x00" if flexible else b"") + encode_request(api_key, version, body)
+    sock.sendall(struct.pack(">i", len(payload)) + payload)
+    size = struct.unpack(">i", read_exactly(sock, 4))[0]
+    frame = read_exactly(sock, size)
+    return decode_response(api_key, version, frame[4 + (1 if flexible else 0) :])

@@ -19,10 +19,9 @@ from aliyun.log import LogClient, LogItem, PutLogsRequest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 from kafka_python_sockets import collected_at_module_end, ignore_unclosed_sockets  # noqa: F401
-from raw_sockets import read_exactly
+from raw_sockets import kafka_call
 from server_process import ServerProcess, free_port
 
-from loghub.wire.kafka.codec import decode_response, encode_request
 from loghub.wire.kafka.records import Record, build_batch
 
 with warnings.catch_warnings():  # kafka-python 3.0 reads its specs with a deprecated call
@@ -275,23 +274,13 @@ def _loghub(server: ServerProcess, *args: str) -> str:
 # -- raw requests ----------------------------------------------------------------------------
 
 
-def _call(sock: socket.socket, api_key: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
-    header = struct.pack(">hhih", api_key, version, 7, 4) + b"test"
-    flexible = (api_key, version) in {(0, 9), (2, 7)}
-    payload = header + (b"\x00" if flexible else b"") + encode_request(api_key, version, body)
-    sock.sendall(struct.pack(">i", len(payload)) + payload)
-    size = struct.unpack(">i", read_exactly(sock, 4))[0]
-    frame = read_exactly(sock, size)
-    return decode_response(api_key, version, frame[4 + (1 if flexible else 0) :])
-
-
 def _produce(sock: socket.socket, topic: str, batch: bytes) -> dict[str, Any]:
     request = {
         "Acks": -1,
         "TimeoutMs": 5000,
         "TopicData": [{"Name": topic, "PartitionData": [{"Index": 0, "Records": batch}]}],
     }
-    answer = _call(sock, 0, 9, request)
+    answer = kafka_call(sock, 0, 9, request)
     partition: dict[str, Any] = answer["Responses"][0]["PartitionResponses"][0]
     return partition
 
@@ -305,7 +294,7 @@ def test_a_retried_idempotent_batch_is_stored_once(server: ServerProcess, sdk: L
         answer = _produce(sock, topic, first)
         again = _produce(sock, topic, first)
         out_of_order = _produce(sock, topic, gap)
-        offsets = _call(
+        offsets = kafka_call(
             sock, 2, 7,
             {"ReplicaId": -1, "Topics": [{"Name": topic, "Partitions": [
                 {"PartitionIndex": 0, "Timestamp": -1}]}]},
@@ -378,7 +367,7 @@ def test_with_access_keys_clients_authenticate_with_sasl_plain(
             socket.create_connection(("127.0.0.1", kafka_port), timeout=10) as sock,
             pytest.raises(ConnectionError),
         ):
-            _call(sock, 3, 1, {"Topics": None})
+            kafka_call(sock, 3, 1, {"Topics": None})
     finally:
         server.stop()
 

@@ -20,11 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from raw_sockets import closed_within, read_exactly
+from raw_sockets import closed_within, kafka_call, read_exactly
 from server_process import ServerProcess, free_port
 
 from loghub.client import LogHubClient
-from loghub.wire.kafka.codec import decode_response, encode_request
 from loghub.wire.logs import make_log_group
 
 BODY_TIMEOUT_S = 1.5
@@ -211,11 +210,8 @@ def test_a_fetch_asking_for_2_gib_gets_at_most_the_pull_bound(tmp_path: Path) ->
                 {"Partition": 0, "FetchOffset": 0, "PartitionMaxBytes": 2**31 - 1},
             ]}],
         }  # fmt: skip
-        payload = struct.pack(">hhih", 1, 4, 5, 4) + b"test" + encode_request(1, 4, request)
         with _connect(small) as sock:
-            sock.sendall(struct.pack(">i", len(payload)) + payload)
-            size = struct.unpack(">i", read_exactly(sock, 4))[0]
-            answer = decode_response(1, 4, read_exactly(sock, size)[4:])
+            answer = kafka_call(sock, 1, 4, request)
         partition = answer["Responses"][0]["Partitions"][0]
         assert partition["ErrorCode"] == 0
         # the bound, plus at most the one group that crosses it
