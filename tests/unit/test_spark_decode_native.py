@@ -95,8 +95,9 @@ def _same(batches: list[Any], reference: Any) -> bool:
 def test_the_compiled_scan_is_built_and_takes_ordinary_logs() -> None:
     assert _decode._native is not None, "build it: python setup.py build_ext --inplace"
     data = _group([_log(1_700_000_000, 5000, [(b"a", b"1"), (b"b", b"2")], False)] * 3)
-    assert _decode._native.scan_groups([])[6] is True  # no logs: trivially uniform
-    assert _decode._native.scan_groups([b"\x0a\x02\x08"]) is None  # a log cut short
+    assert _decode._native.scan_list(b"", 0, 0)[6:8] == (True, True)  # no logs: uniform
+    cut_short = _field(1, b"\x0a\x02\x08")  # a group whose one log is cut short
+    assert _decode._native.scan_list(cut_short, 0, len(cut_short)) is None
     before = _decode.statistics().fast
     (batch,) = _rows(data)
     assert _decode.statistics().fast == before + 1
@@ -137,3 +138,43 @@ def test_a_key_repeated_in_a_later_log_of_the_same_width_is_found() -> None:
     )
     assert _same(_rows(data), _reference(data))
     assert _rows(data)[0].column("contents").to_pylist()[1] == [("k", "2")]
+
+
+def test_keys_and_values_of_every_short_length_are_copied_whole() -> None:
+    """The scan copies strings of up to 16 bytes with overlapping word moves: every length
+    from 0 to 40, ASCII or not, must come out byte for byte."""
+    for length in range(41):
+        text = ("abcdefghij" * 5)[:length].encode()
+        wide = ("é" * length).encode()[:length].decode("utf-8", "ignore").encode()
+        data = _group(
+            [
+                _log(1, None, [(b"k" + text, text), (b"w", wide)], False),
+                _log(2, None, [(b"k" + text, text[::-1]), (b"w", wide)], False),
+            ]
+        )
+        (batch,) = _rows(data)
+        assert _same([batch], _reference(data)), length
+        assert batch.column("contents").to_pylist()[1][0] == (
+            "k" + text.decode(),
+            text[::-1].decode(),
+        )
+
+
+def test_the_scan_reports_ascii_only_when_every_byte_is() -> None:
+    native = _decode._native
+    assert native is not None
+    ascii_only = _group([_log(1, None, [(b"a", b"x" * 30)], False)])
+    accented = _group([_log(1, None, [(b"a", b"x" * 29 + "é".encode())], False)])
+    assert native.scan_list(ascii_only, 0, len(ascii_only))[7] is True
+    assert native.scan_list(accented, 0, len(accented))[7] is False
+    assert _rows(accented)[0].column("contents").to_pylist() == [[("a", "x" * 29 + "é")]]
+
+
+def test_a_list_with_more_than_groups_in_it_is_read_the_protobuf_way() -> None:
+    """An unknown top-level field (skipped by protobuf) stops the compiled walk, which then
+    leaves the list to the kernels: the same rows either way."""
+    data = _group([_log(1, None, [(b"a", b"1")], False)]) + _field(9, b"extra")
+    assert _decode._native is not None
+    assert _decode._native.group_bounds(data) is None
+    assert _decode._native.group_bounds(_group([])) is not None
+    assert _same(_rows(data), _reference(data))

@@ -121,17 +121,14 @@ def _raw_message_class() -> Any:
         "RawLogGroupList",
         [("LogGroups", 1, field.TYPE_MESSAGE, repeated, ".loghub.spark.raw.RawLogGroup")],
     )
-    message("LogGroupBytesList", [("LogGroups", 1, field.TYPE_BYTES, repeated, "")])
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    return tuple(
-        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"loghub.spark.raw.{name}"))
-        for name in ("RawLogGroupList", "LogGroupBytesList")
+    return message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("loghub.spark.raw.RawLogGroupList")
     )
 
 
-# The second: each group as its serialized bytes, for the compiled scan.
-_RawLogGroupList, _LogGroupBytesList = _raw_message_class()
+_RawLogGroupList = _raw_message_class()
 
 
 @dataclass(frozen=True)
@@ -163,29 +160,35 @@ def decode(data: bytes, logs_per_chunk: int = LOGS_PER_CHUNK) -> Iterator[Decode
     Each chunk takes the fast path, or the reference path when it must."""
     try:
         groups = _RawLogGroupList.FromString(data).LogGroups
-        group_bytes = _LogGroupBytesList.FromString(data).LogGroups if _native else None
     except Exception:  # DecodeError: let the reference path raise the proper error
         yield _decode_reference(data, 0)
         return
+    # where each group's entry starts in ``data``, for the compiled scan (None: it cannot
+    # take this list, or is not built)
+    bounds = None if _native is None else _native.group_bounds(data)
+    if bounds is not None:
+        bounds = memoryview(bounds).cast("q")
+        assert len(bounds) == len(groups) + 1, "the compiled walk found the same groups"
     first, logs = 0, 0
     for index, group in enumerate(groups):
         logs += len(group.Logs)
         if logs >= logs_per_chunk or index == len(groups) - 1:
             chunk = groups[first : index + 1]
-            chunk_bytes = None if group_bytes is None else group_bytes[first : index + 1]
-            yield _decode_chunk(chunk, first, chunk_bytes)
+            span = None if bounds is None else (data, bounds[first], bounds[index + 1])
+            yield _decode_chunk(chunk, first, span)
             first, logs = index + 1, 0
 
 
-def _decode_chunk(
-    chunk: Sequence[Any], first_group: int, chunk_bytes: Sequence[bytes] | None = None
-) -> DecodedLogs:
+_Span = tuple[bytes, int, int]  # serialized LogGroup entries: data[start:end]
+
+
+def _decode_chunk(chunk: Sequence[Any], first_group: int, span: _Span | None = None) -> DecodedLogs:
     """The fast path, or the reference path when the fast one declines (``_NotFast``) or
     fails in a way it should not: the reference path defines the result, so a bug in the fast
     path costs speed, never a failed read. Unexpected failures are logged and counted.
-    ``chunk_bytes`` (the same groups serialized) lets the compiled scan take them."""
+    ``span`` (where the same groups are serialized) lets the compiled scan take them."""
     try:
-        decoded = _decode_fast(chunk, first_group, chunk_bytes)
+        decoded = _decode_fast(chunk, first_group, span)
     except _NotFast:
         _count("not_fast")
     except Exception:
@@ -351,10 +354,10 @@ def _slices(buffer: Any, starts: Any, ends: Any) -> Any:
 
 
 def _decode_fast(
-    groups: Sequence[Any], first_group: int = 0, group_bytes: Sequence[bytes] | None = None
+    groups: Sequence[Any], first_group: int = 0, span: _Span | None = None
 ) -> DecodedLogs:
-    """The logs of ``groups`` (``_RawLogGroupList`` groups; ``group_bytes``, when given, the
-    same groups serialized, for the compiled scan); ``_NotFast`` when the fast path cannot
+    """The logs of ``groups`` (``_RawLogGroupList`` groups; ``span``, when given, where the
+    same groups are serialized, for the compiled scan); ``_NotFast`` when the fast path cannot
     take them."""
     logs_per_group, topics, sources, tags = [], [], [], []
     for group in groups:
@@ -363,10 +366,8 @@ def _decode_fast(
         sources.append(_text(group.Source))
         tags.append({_text(t.Key): _text(t.Value) for t in group.LogTags})
     count = sum(logs_per_group)
-    if _native is not None and group_bytes is not None:
-        time_us, content_offsets, keys, values, uniform = _scan_compiled(
-            group_bytes, logs_per_group
-        )
+    if _native is not None and span is not None:
+        time_us, content_offsets, keys, values, uniform = _scan_compiled(span, logs_per_group)
     else:
         time_us, content_offsets, keys, values = _scan_with_kernels(groups, count)
         uniform = False
@@ -381,36 +382,36 @@ def _decode_fast(
     )
 
 
-def _scan_compiled(
-    group_bytes: Sequence[bytes], logs_per_group: list[int]
-) -> tuple[Any, Any, Any, Any, bool]:
+def _scan_compiled(span: _Span, logs_per_group: list[int]) -> tuple[Any, Any, Any, Any, bool]:
     """(time_us, content_offsets, keys, values, uniform) of the logs of the serialized
-    groups, in one pass of C (``_scan.c``) over their bytes: no Python object per log, and
-    keys and values copied into buffers of their own, so no Arrow kernel has to walk the
+    groups ``span``, in one pass of C (``_scan.c``) over their bytes: no Python object per log,
+    and keys and values copied into buffers of their own, so no Arrow kernel has to walk the
     logs round by round. The same answers as ``_scan_with_kernels``, at about a tenth of
     its time; ``uniform``: every log has the first log's keys, in the same order."""
-    scanned = _native.scan_groups(group_bytes)
+    scanned = _native.scan_list(*span)
     if scanned is None:
         raise _NotFast
     times, content_offsets, key_offsets, key_data, value_offsets, value_data = scanned[:6]
-    uniform, per_group = scanned[6:]
+    uniform, ascii_only, per_group = scanned[6:]
     assert list(memoryview(per_group).cast("i")) == logs_per_group, "the same groups"
     count = len(times) // 8
     pairs = len(key_offsets) // 4 - 1
     return (
         pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(times)]),
         pa.Array.from_buffers(pa.int32(), count + 1, [None, pa.py_buffer(content_offsets)]),
-        _strings(pairs, key_offsets, key_data),
-        _strings(pairs, value_offsets, value_data),
+        _strings(pairs, key_offsets, key_data, ascii_only),
+        _strings(pairs, value_offsets, value_data, ascii_only),
         bool(uniform),
     )
 
 
-def _strings(count: int, offsets: bytes, data: bytes) -> Any:
-    """A string array over the given offsets and bytes; ``_NotFast`` unless valid UTF-8."""
-    binary = pa.Array.from_buffers(
-        pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-    )
+def _strings(count: int, offsets: bytes, data: bytes, ascii_only: bool = False) -> Any:
+    """A string array over the given offsets and bytes; ``_NotFast`` unless valid UTF-8,
+    which ASCII is (the scan saw every byte), and Arrow checks otherwise."""
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    if ascii_only:
+        return pa.Array.from_buffers(pa.string(), count, buffers)
+    binary = pa.Array.from_buffers(pa.binary(), count, buffers)
     try:
         return binary.cast(pa.string())  # checks UTF-8
     except pa.ArrowInvalid as exc:

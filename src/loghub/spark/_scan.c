@@ -1,25 +1,34 @@
 /* The Spark decoder's log scan in one pass of C (see loghub/spark/_decode.py).
 
-scan_groups(groups) walks the Log messages (field 1) of a sequence of serialized LogGroups
-(bytes), skipping the groups' other fields, under exactly the fast path's assumptions:
+scan_list(data, start, end) walks the LogGroup entries of a serialized LogGroupList in
+data[start:end] (group_bounds(data) tells where each entry starts) and the Log messages
+(field 1) of each group, skipping the groups' other fields, under exactly the fast path's
+assumptions:
 
+    list      (0A <varint length> <LogGroup>)*
     log       08 <varint Time, < 2**32>  (12 <varint length> <Content>)*  [25 <fixed32 Time_ns>]
     Content   0A <varint key length> <key>  12 <varint value length> <value>
 
-with every length varint at most 3 bytes. It returns None as soon as a log breaks any of
-that (the caller then takes the protobuf path, which defines the result), else the tuple
+with every length varint at most 3 bytes. It returns None as soon as anything breaks that
+(the caller then takes the protobuf path, which defines the result), else the tuple
 
     (time_us int64[count], content_offsets int32[count + 1],
      key_offsets int32[pairs + 1], key_bytes, value_offsets int32[pairs + 1], value_bytes,
-     uniform, logs_per_group int32[groups])
+     uniform, ascii, logs_per_group int32[groups])
 
 as bytes objects, ready to be Arrow buffers: keys and values come out as the offsets and data
-of two binary arrays (UTF-8 is checked by the caller, with Arrow). `uniform` is True when
-every log has the first log's keys in the same order, which spares the caller its check
-for a key repeated in a log (it need only look at the first log). The pure-Python twin is
-the Arrow-kernel path in _decode.py; tests/unit/test_spark_decode_native.py holds the two to
-the same answers. Thread-safe: no state; the GIL is held (the scan is short and allocates
-Python objects).
+of two binary arrays. `uniform` is True when every log has the first log's keys in the same
+order, which spares the caller its check for a key repeated in a log (it need only look at
+the first log). `ascii` is True when every key and value is ASCII, hence valid UTF-8: the
+caller then makes string arrays of them as they are, and has Arrow check the UTF-8 only
+otherwise. It reads the groups where they are, in the pulled bytes: no copy of a group or a
+log is made, only of the keys and values, with the short copies that most of them need done
+inline (copy_string).
+
+The pure-Python twin is the Arrow-kernel path in _decode.py;
+tests/unit/test_spark_decode_native.py holds the two to the same answers. Thread-safe: no
+state; both passes over the logs run without the GIL (they touch no Python object), so the
+worker's other thread hands the previous record batch to Spark meanwhile.
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -116,49 +125,105 @@ typedef struct {
     const uint8_t *end;
 } Span;
 
-/* The two passes over `count` logs: the 7-tuple described at the top, None when a log is off
-   the fast path, NULL with an exception set on failure. */
-static PyObject *scan_spans(const Span *logs, Py_ssize_t count) {
-    PyObject *result = NULL;
-    PyObject *times = NULL, *content_offsets = NULL, *key_offsets = NULL, *keys = NULL;
-    PyObject *value_offsets = NULL, *values = NULL;
-    Pair *pairs = NULL;
-    /* First pass: check every log and size the outputs. */
-    Py_ssize_t pair_count = 0, key_bytes = 0, value_bytes = 0;
+#define HIGH_BITS 0x8080808080808080ull
+
+static inline uint64_t load64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static inline uint32_t load32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Copies n bytes and returns them OR-ed together in 64-bit words (only the high bits
+   matter: any set means a byte outside ASCII). Keys and values are mostly a few bytes long,
+   where a call of memcpy per string cost more than the copy itself: up to 16 bytes are moved
+   with two loads and two stores that may overlap but never reach outside the n bytes. */
+static inline uint64_t copy_string(uint8_t *dst, const uint8_t *src, Py_ssize_t n) {
+    if (n >= 8) {
+        if (n <= 16) {
+            uint64_t a = load64(src), b = load64(src + n - 8);
+            memcpy(dst, &a, 8);
+            memcpy(dst + n - 8, &b, 8);
+            return a | b;
+        }
+        memcpy(dst, src, (size_t)n);
+        uint64_t bits = 0;
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8) bits |= load64(src + i);
+        return bits | load64(src + n - 8);
+    }
+    if (n >= 4) {
+        uint32_t a = load32(src), b = load32(src + n - 4);
+        memcpy(dst, &a, 4);
+        memcpy(dst + n - 4, &b, 4);
+        return (uint64_t)(a | b);
+    }
+    uint64_t bits = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        dst[i] = src[i];
+        bits |= src[i];
+    }
+    return bits;
+}
+
+/* a[0..n) == b[0..n), without a call for the short keys of most logs. */
+static inline int same_bytes(const uint8_t *a, const uint8_t *b, Py_ssize_t n) {
+    if (n >= 8 && n <= 16) {
+        return load64(a) == load64(b) && load64(a + n - 8) == load64(b + n - 8);
+    }
+    if (n >= 4 && n < 8) {
+        return load32(a) == load32(b) && load32(a + n - 4) == load32(b + n - 4);
+    }
+    return memcmp(a, b, (size_t)n) == 0;
+}
+
+/* The outputs of one scan, allocated with the GIL held and filled without it. */
+typedef struct {
+    int64_t *times;
+    int32_t *content_offsets, *key_offsets, *value_offsets;
+    uint8_t *keys, *values;
+} Outputs;
+
+/* First pass, no Python objects touched: checks every log and sizes the outputs; 0 when a
+   log is off the fast path. */
+static int measure(const Span *logs, Py_ssize_t count, Py_ssize_t *pair_count,
+                   Py_ssize_t *width_max, Py_ssize_t *key_bytes, Py_ssize_t *value_bytes) {
     int64_t ignored;
+    *pair_count = *width_max = *key_bytes = *value_bytes = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
-        Py_ssize_t n = read_log(logs[i].start, logs[i].end, &ignored, NULL, &key_bytes,
-                                &value_bytes);
-        if (n < 0) return Py_NewRef(Py_None);
-        pair_count += n;
+        Py_ssize_t n = read_log(logs[i].start, logs[i].end, &ignored, NULL, key_bytes,
+                                value_bytes);
+        if (n < 0) return 0;
+        *pair_count += n;
+        if (n > *width_max) *width_max = n;
     }
-    if (key_bytes > INT32_MAX || value_bytes > INT32_MAX) return Py_NewRef(Py_None);
-    char *time_data = NULL, *content_data = NULL, *key_offset_data = NULL, *key_data = NULL;
-    char *value_offset_data = NULL, *value_data = NULL;
-    times = new_bytes(count * (Py_ssize_t)sizeof(int64_t), &time_data);
-    content_offsets = new_bytes((count + 1) * (Py_ssize_t)sizeof(int32_t), &content_data);
-    key_offsets = new_bytes((pair_count + 1) * (Py_ssize_t)sizeof(int32_t), &key_offset_data);
-    keys = new_bytes(key_bytes, &key_data);
-    value_offsets = new_bytes((pair_count + 1) * (Py_ssize_t)sizeof(int32_t), &value_offset_data);
-    values = new_bytes(value_bytes, &value_data);
-    pairs = PyMem_Malloc(sizeof(Pair) * (pair_count > 0 ? pair_count : 1));
-    if (!times || !content_offsets || !key_offsets || !keys || !value_offsets || !values || !pairs) {
-        if (pairs == NULL) PyErr_NoMemory();
-        goto done;
-    }
-    /* Second pass: fill them. */
-    int64_t *time_out = (int64_t *)time_data;
-    int32_t *content_out = (int32_t *)content_data;
-    int32_t *key_offset_out = (int32_t *)key_offset_data;
-    int32_t *value_offset_out = (int32_t *)value_offset_data;
+    return 1;
+}
+
+/* Second pass, no Python objects touched: fills `out`. Returns the bits of every key and
+   value OR-ed together (see copy_string) in *ascii_bits and whether the logs are uniform. */
+static int fill(const Span *logs, Py_ssize_t count, Pair *pairs, const Outputs *out,
+                uint64_t *ascii_bits) {
+    /* locals, not out->: stores through the byte pointers could alias the struct, which
+       would make the compiler reload every pointer after each copy */
+    int64_t *times = out->times;
+    int32_t *content_offsets = out->content_offsets, *key_offsets = out->key_offsets;
+    int32_t *value_offsets = out->value_offsets;
+    uint8_t *keys = out->keys, *values = out->values;
     Py_ssize_t pair_index = 0, key_at = 0, value_at = 0, unused_keys = 0, unused_values = 0;
     Py_ssize_t width = 0; /* the first log's pairs, at the start of the key outputs */
     int uniform = 1;
-    content_out[0] = 0;
-    key_offset_out[0] = 0;
-    value_offset_out[0] = 0;
+    uint64_t bits = 0;
+    content_offsets[0] = 0;
+    key_offsets[0] = 0;
+    value_offsets[0] = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
-        Py_ssize_t n = read_log(logs[i].start, logs[i].end, &time_out[i], pairs, &unused_keys,
+        Py_ssize_t n = read_log(logs[i].start, logs[i].end, &times[i], pairs, &unused_keys,
                                 &unused_values);
         assert(n >= 0);
         if (i == 0) {
@@ -167,26 +232,68 @@ static PyObject *scan_spans(const Span *logs, Py_ssize_t count) {
             uniform = 0;
         }
         for (Py_ssize_t j = 0; j < n; j++) {
+            Py_ssize_t key_length = pairs[j].key_length, value_length = pairs[j].value_length;
             if (uniform && i > 0) {
-                Py_ssize_t first_start = key_offset_out[j];
-                Py_ssize_t first_length = key_offset_out[j + 1] - first_start;
-                uniform = first_length == pairs[j].key_length &&
-                          memcmp(key_data + first_start, pairs[j].key, (size_t)first_length) == 0;
+                Py_ssize_t first_start = key_offsets[j];
+                uniform = key_offsets[j + 1] - first_start == key_length &&
+                          same_bytes(keys + first_start, pairs[j].key, key_length);
             }
-            memcpy(key_data + key_at, pairs[j].key, (size_t)pairs[j].key_length);
-            key_at += pairs[j].key_length;
-            memcpy(value_data + value_at, pairs[j].value, (size_t)pairs[j].value_length);
-            value_at += pairs[j].value_length;
+            bits |= copy_string(keys + key_at, pairs[j].key, key_length);
+            key_at += key_length;
+            bits |= copy_string(values + value_at, pairs[j].value, value_length);
+            value_at += value_length;
             pair_index++;
-            key_offset_out[pair_index] = (int32_t)key_at;
-            value_offset_out[pair_index] = (int32_t)value_at;
+            key_offsets[pair_index] = (int32_t)key_at;
+            value_offsets[pair_index] = (int32_t)value_at;
         }
-        content_out[i + 1] = (int32_t)pair_index;
+        content_offsets[i + 1] = (int32_t)pair_index;
     }
-    result = Py_BuildValue("(OOOOOON)", times, content_offsets, key_offsets, keys, value_offsets,
-                           values, PyBool_FromLong(uniform));
+    *ascii_bits = bits;
+    return uniform;
+}
+
+/* The two passes over `count` logs: the tuple described at the top (without the last
+   item), None when a log is off the fast path, NULL with an exception set on failure. The
+   passes run without the GIL: the executor's other thread hands record batches to Spark
+   meanwhile. */
+static PyObject *scan_spans(const Span *logs, Py_ssize_t count) {
+    PyObject *result = NULL;
+    PyObject *times = NULL, *content_offsets = NULL, *key_offsets = NULL, *keys = NULL;
+    PyObject *value_offsets = NULL, *values = NULL;
+    Pair *pairs = NULL;
+    Py_ssize_t pair_count, key_bytes, value_bytes, width_max = 0;
+    int measured;
+    Py_BEGIN_ALLOW_THREADS
+    measured = measure(logs, count, &pair_count, &width_max, &key_bytes, &value_bytes);
+    Py_END_ALLOW_THREADS
+    if (!measured) return Py_NewRef(Py_None);
+    if (key_bytes > INT32_MAX || value_bytes > INT32_MAX) return Py_NewRef(Py_None);
+    Outputs out = {0};
+    times = new_bytes(count * (Py_ssize_t)sizeof(int64_t), (char **)&out.times);
+    content_offsets = new_bytes((count + 1) * (Py_ssize_t)sizeof(int32_t),
+                                (char **)&out.content_offsets);
+    key_offsets = new_bytes((pair_count + 1) * (Py_ssize_t)sizeof(int32_t),
+                            (char **)&out.key_offsets);
+    keys = new_bytes(key_bytes, (char **)&out.keys);
+    value_offsets = new_bytes((pair_count + 1) * (Py_ssize_t)sizeof(int32_t),
+                              (char **)&out.value_offsets);
+    values = new_bytes(value_bytes, (char **)&out.values);
+    /* pairs holds one log's pairs at a time */
+    pairs = PyMem_RawMalloc(sizeof(Pair) * (size_t)(width_max > 0 ? width_max : 1));
+    if (!times || !content_offsets || !key_offsets || !keys || !value_offsets || !values || !pairs) {
+        if (pairs == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    uint64_t bits;
+    int uniform;
+    Py_BEGIN_ALLOW_THREADS
+    uniform = fill(logs, count, pairs, &out, &bits);
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(OOOOOONN)", times, content_offsets, key_offsets, keys, value_offsets,
+                           values, PyBool_FromLong(uniform),
+                           PyBool_FromLong((bits & HIGH_BITS) == 0));
 done:
-    PyMem_Free(pairs);
+    PyMem_RawFree(pairs);
     Py_XDECREF(times);
     Py_XDECREF(content_offsets);
     Py_XDECREF(key_offsets);
@@ -220,19 +327,36 @@ static int skip_field(const uint8_t **p, const uint8_t *end, unsigned wire_type)
     return 1;
 }
 
-/* Calls back for every Logs field (1, length-delimited) of one serialized LogGroup: with
-   `spans` NULL only counts. Returns the logs found, or -1 when the group is not plain. */
-static Py_ssize_t walk_group(const uint8_t *p, const uint8_t *end, Span *spans) {
+/* A growing array of spans. */
+typedef struct {
+    Span *items;
+    Py_ssize_t count, capacity;
+} Spans;
+
+static int push_span(Spans *spans, const uint8_t *start, const uint8_t *end) {
+    if (spans->count == spans->capacity) {
+        Py_ssize_t capacity = spans->capacity ? 2 * spans->capacity : 1024;
+        Span *items = PyMem_RawRealloc(spans->items, sizeof(Span) * (size_t)capacity);
+        if (items == NULL) return 0;
+        spans->items = items;
+        spans->capacity = capacity;
+    }
+    spans->items[spans->count].start = start;
+    spans->items[spans->count].end = end;
+    spans->count++;
+    return 1;
+}
+
+/* Adds every Logs field (1, length-delimited) of one serialized LogGroup to `logs`. Returns
+   the logs found, -1 when the group is not plain, -2 when out of memory. */
+static Py_ssize_t walk_group(const uint8_t *p, const uint8_t *end, Spans *logs) {
     Py_ssize_t count = 0;
     while (p < end) {
         uint64_t key, length;
         if (!read_varint(&p, end, 5, &key) || (key >> 3) == 0) return -1;
         if (key == (1 << 3 | 2)) {
             if (!read_varint(&p, end, 5, &length) || length > (uint64_t)(end - p)) return -1;
-            if (spans != NULL) {
-                spans[count].start = p;
-                spans[count].end = p + length;
-            }
+            if (!push_span(logs, p, p + length)) return -2;
             p += length;
             count++;
         } else if ((key >> 3) == 1 || !skip_field(&p, end, (unsigned)(key & 7))) {
@@ -242,43 +366,83 @@ static Py_ssize_t walk_group(const uint8_t *p, const uint8_t *end, Span *spans) 
     return count;
 }
 
-static PyObject *scan_groups(PyObject *self, PyObject *arg) {
-    (void)self;
-    PyObject *groups = PySequence_Fast(arg, "scan_groups takes a sequence of bytes");
-    if (groups == NULL) return NULL;
-    Py_ssize_t group_count = PySequence_Fast_GET_SIZE(groups);
-    PyObject **items = PySequence_Fast_ITEMS(groups);
-    PyObject *result = NULL, *scanned = NULL, *per_group = NULL;
-    Span *spans = NULL;
-    char *per_group_data = NULL;
-    Py_ssize_t log_count = 0;
-    for (Py_ssize_t g = 0; g < group_count; g++) {
-        if (!PyBytes_Check(items[g])) {
-            PyErr_SetString(PyExc_TypeError, "scan_groups takes a sequence of bytes");
-            goto done;
-        }
-        const uint8_t *start = (const uint8_t *)PyBytes_AS_STRING(items[g]);
-        Py_ssize_t n = walk_group(start, start + PyBytes_GET_SIZE(items[g]), NULL);
-        if (n < 0) {
-            result = Py_NewRef(Py_None);
-            goto done;
-        }
-        log_count += n;
+/* The LogGroup entries (field 1, length-delimited) of a serialized LogGroupList in
+   [p, end), as spans; 0 when anything else is there (the caller then takes the protobuf
+   path), -1 when out of memory. */
+static int walk_list(const uint8_t *p, const uint8_t *end, Spans *groups) {
+    while (p < end) {
+        uint64_t length;
+        if (*p++ != (1 << 3 | 2)) return 0;
+        if (!read_varint(&p, end, 5, &length) || length > (uint64_t)(end - p)) return 0;
+        if (!push_span(groups, p, p + length)) return -1;
+        p += length;
     }
-    spans = PyMem_Malloc(sizeof(Span) * (log_count > 0 ? log_count : 1));
-    per_group = new_bytes(group_count * (Py_ssize_t)sizeof(int32_t), &per_group_data);
-    if (spans == NULL || per_group == NULL) {
-        if (spans == NULL) PyErr_NoMemory();
+    return 1;
+}
+
+/* group_bounds(data) -> int64 offsets of every LogGroup entry of the serialized
+   LogGroupList `data` and of its end (one more than the groups), or None when the list has
+   anything but LogGroup entries. */
+static PyObject *group_bounds(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const uint8_t *base = view.buf, *end = base + view.len;
+    Spans groups = {NULL, 0, 0};
+    PyObject *result = NULL;
+    int walked = walk_list(base, end, &groups);
+    if (walked < 0) {
+        PyErr_NoMemory();
+    } else if (walked == 0) {
+        result = Py_NewRef(Py_None);
+    } else {
+        char *data;
+        result = new_bytes((groups.count + 1) * (Py_ssize_t)sizeof(int64_t), &data);
+        if (result != NULL) {
+            int64_t *offsets = (int64_t *)data;
+            for (Py_ssize_t g = 0; g < groups.count; g++) {
+                offsets[g] = g == 0 ? 0 : (int64_t)(groups.items[g - 1].end - base);
+            }
+            offsets[groups.count] = (int64_t)view.len;
+        }
+    }
+    PyMem_RawFree(groups.items);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* scan_list(data, start, end): the logs of the LogGroup entries in data[start:end]. */
+static PyObject *scan_list(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer view;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "y*nn", &view, &start, &end)) return NULL;
+    PyObject *result = NULL, *scanned = NULL, *per_group = NULL;
+    Spans groups = {NULL, 0, 0}, logs = {NULL, 0, 0};
+    if (start < 0 || end < start || end > view.len) {
+        PyErr_SetString(PyExc_ValueError, "scan_list: the range is outside the data");
         goto done;
     }
-    Py_ssize_t at = 0;
-    for (Py_ssize_t g = 0; g < group_count; g++) {
-        const uint8_t *start = (const uint8_t *)PyBytes_AS_STRING(items[g]);
-        Py_ssize_t n = walk_group(start, start + PyBytes_GET_SIZE(items[g]), spans + at);
-        ((int32_t *)per_group_data)[g] = (int32_t)n;
-        at += n;
+    const uint8_t *base = view.buf;
+    int walked = walk_list(base + start, base + end, &groups);
+    if (walked <= 0) {
+        if (walked < 0) PyErr_NoMemory();
+        else result = Py_NewRef(Py_None);
+        goto done;
     }
-    scanned = scan_spans(spans, log_count);
+    char *per_group_data = NULL;
+    per_group = new_bytes(groups.count * (Py_ssize_t)sizeof(int32_t), &per_group_data);
+    if (per_group == NULL) goto done;
+    for (Py_ssize_t g = 0; g < groups.count; g++) {
+        Py_ssize_t n = walk_group(groups.items[g].start, groups.items[g].end, &logs);
+        if (n < 0) {
+            if (n == -2) PyErr_NoMemory();
+            else result = Py_NewRef(Py_None);
+            goto done;
+        }
+        ((int32_t *)per_group_data)[g] = (int32_t)n;
+    }
+    scanned = scan_spans(logs.items, logs.count);
     if (scanned == NULL || scanned == Py_None) {
         result = scanned;
         scanned = NULL;
@@ -290,17 +454,21 @@ static PyObject *scan_groups(PyObject *self, PyObject *arg) {
         Py_DECREF(tail);
     }
 done:
-    PyMem_Free(spans);
+    PyMem_RawFree(groups.items);
+    PyMem_RawFree(logs.items);
     Py_XDECREF(scanned);
     Py_XDECREF(per_group);
-    Py_DECREF(groups);
+    PyBuffer_Release(&view);
     return result;
 }
 
 static PyMethodDef methods[] = {
-    {"scan_groups", scan_groups, METH_O,
-     "scan_groups(groups) -> (time_us, content_offsets, key_offsets, keys, value_offsets, "
-     "values, uniform, logs_per_group), or None when a log is off the fast path."},
+    {"group_bounds", group_bounds, METH_O,
+     "group_bounds(data) -> int64 offsets of each LogGroup entry and of the end, or None."},
+    {"scan_list", scan_list, METH_VARARGS,
+     "scan_list(data, start, end) -> (time_us, content_offsets, key_offsets, keys, "
+     "value_offsets, values, uniform, ascii, logs_per_group), or None when a log is off the "
+     "fast path."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,13 +18,11 @@ pickled and shipped to executors.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal, TypeVar
-from urllib.parse import urlsplit
 
 from loghub.client import LogHubClient
 from loghub.errors import ParameterInvalid
@@ -178,28 +176,19 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
 
 
 def _pull_compression(options: Mapping[str, str]) -> str:
-    """``pullCompression``: ``lz4``, ``none``, or ``auto`` (the default): none when the
-    endpoint is this machine (a loopback address or ``localhost``), lz4 otherwise.
-    Compression saves network bandwidth at the price of CPU on both ends (about 0.3 us a
-    log of 200 bytes to compress on the server and as much to decompress on the executor);
-    over loopback there is no bandwidth to save, so it is CPU spent for nothing."""
-    choice = options.get("pullcompression", "auto").lower()
+    """``pullCompression``: ``lz4`` (the default; ``auto`` is the same) or ``none``.
+
+    lz4 costs least even over loopback, where it saves no bandwidth: the server keeps the
+    LZ4 blocks producers send and joins them into a reply without recompressing
+    (``loghub.wire.stored``), while an uncompressed reply makes it decompress every block,
+    and the executor decompresses them again at a few GB/s. Measured on 2 cores over
+    loopback, 300,000 rows: the server's CPU for a read fell from 0.10 to 0.035 s, the
+    executor's stayed the same. ``none`` is cheaper only for data stored uncompressed
+    (written by LogHub's idempotent producer), which an lz4 pull makes the server compress."""
+    choice = options.get("pullcompression", "lz4").lower()
     if choice not in ("auto", "lz4", "none"):
-        raise ParameterInvalid(f"pullCompression must be auto, lz4 or none, not {choice!r}")
-    if choice == "auto":
-        choice = "none" if _is_loopback(options.get("endpoint", "")) else "lz4"
-    return "" if choice == "none" else choice
-
-
-def _is_loopback(endpoint: str) -> bool:
-    text = endpoint.strip()
-    host = urlsplit(text if "://" in text else f"http://{text}").hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        raise ParameterInvalid(f"pullCompression must be lz4 or none, not {choice!r}")
+    return "" if choice == "none" else "lz4"
 
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
