@@ -18,8 +18,6 @@ range, so a batch replayed from the checkpoint after a crash reads exactly the s
 from __future__ import annotations
 
 import contextlib
-import gc
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +40,7 @@ from pyspark.sql.types import StructType
 
 from loghub.client import LogHubClient
 from loghub.errors import ConsumerGroupAlreadyExist, ParameterInvalid
-from loghub.spark import _decode
+from loghub.spark import _decode, _worker
 from loghub.spark._client import ShardPulls, list_extents
 from loghub.spark._prefetch import prefetched
 from loghub.spark.offsets import ShardExtent, plan_end, resolve_position
@@ -67,31 +65,6 @@ __all__ = ["LogHubDataSource", "ShardRange"]
 _DECODE_BYTES_MIN = 4 * 1024 * 1024  # pulls are joined until this much, then decoded at once
 _RECEIVE_TIME_TAG = "__receive_time__"  # what the hosted service adds with appendMeta
 _PREFETCH_BATCHES = 2  # record batches decoded ahead of Spark, per task
-
-_gc_frozen = False
-_gc_freeze_lock = threading.Lock()
-
-
-def _freeze_worker_heap() -> None:
-    """Moves what the Python worker holds before its first read out of the garbage
-    collector's reach (``gc.freeze``), once per process.
-
-    Why: a pyspark worker holds about 70,000 objects (pyspark, pyarrow, protobuf, this
-    package), and every task leaves enough survivors to start a full collection about once
-    a task. A full collection walks every one of those objects while reads churn megabytes
-    through the caches: 40 ms of CPU each, about a third of the worker's CPU in a streaming
-    read here. Frozen objects are skipped by every later collection, so these cost only
-    what the tasks allocate. One full collection runs first, so that no garbage is frozen;
-    what is frozen is what the worker keeps anyway (modules, classes, caches), and it is
-    still freed by reference counting.
-    """
-    global _gc_frozen
-    with _gc_freeze_lock:
-        if _gc_frozen:
-            return
-        gc.collect()
-        gc.freeze()
-        _gc_frozen = True
 
 
 @dataclass
@@ -184,7 +157,7 @@ class _Reader:
         decoded a batch or two ahead, in a thread (see ``_prefetch``)."""
         if not isinstance(partition, ShardRange):  # no ranges: Spark sends one empty partition
             return iter(())
-        _freeze_worker_heap()
+        _worker.prepare()
         return prefetched(lambda: self._read_range(partition), _PREFETCH_BATCHES)
 
     def _read_range(self, partition: ShardRange) -> Iterator[Any]:
