@@ -1,15 +1,20 @@
-"""What an executor's Python worker is set up with before its first read, once per process.
+"""What a Python worker is set up with before the source's code first runs in it, once per
+process: the executors' workers (``read()``) and the workers that plan (``schema()``,
+``reader()``, ``streamReader()``).
 
-A pyspark worker is reused for task after task (``spark.python.worker.reuse``), so these
-settings pay off over its whole life. Both are about memory the reads churn through:
+pyspark reuses its workers for task after task and query after query
+(``spark.python.worker.reuse``), so these settings pay off over a worker's whole life. Both
+are about memory:
 
-- **The garbage collector** (``_freeze_heap``): a worker holds about 70,000 objects before its
-  first read (pyspark, pyarrow, protobuf, this package), and every task leaves enough
-  survivors to start a full collection about once a task. A full collection walks every one
-  of those objects: 40 ms of CPU each, about a third of the worker's CPU in a streaming read
-  here. ``gc.freeze`` moves them out of every later collection's reach, after one full
-  collection so that no garbage is frozen; what is frozen is what the worker keeps anyway
-  (modules, classes, caches), and it is still freed by reference counting.
+- **The garbage collector** (``_freeze_heap``): a worker holds about 70,000 objects before the
+  source first runs in it (pyspark, pyarrow, protobuf, this package), and every task or
+  planning request leaves enough survivors to start a full collection about once a request.
+  A full collection walks every one of those objects: 40 ms of CPU each, about a third of an
+  executor worker's CPU in a streaming read here, and five sixths of the planning workers' CPU
+  (about 55 of 65 ms a batch read, before any task can start). ``gc.freeze`` moves them out
+  of every later collection's reach, after one full collection so that no garbage is frozen;
+  what is frozen is what the worker keeps anyway (modules, classes, caches), and it is still
+  freed by reference counting.
 - **glibc's malloc** (``_keep_freed_memory``): each pull decompresses to one buffer of up to
   16 MiB, twice over (python-lz4 decompresses into a buffer of its own and copies that into
   the bytes it returns). With glibc's defaults every one of those buffers was new memory

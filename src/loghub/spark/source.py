@@ -87,15 +87,18 @@ class LogHubDataSource(DataSource):
         return "loghub"
 
     def schema(self) -> str:
+        _worker.prepare()  # planning's Python workers collect garbage as often as executors'
         # Not parse_read_options: schema() cannot tell a batch read from a streaming one.
         return spark_ddl(parse_content_columns(self.options.get("contentcolumns", "")))
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        _worker.prepare()
         options = parse_read_options(self.options, streaming=False)
         _check_schema(schema, options)
         return LogHubBatchReader(options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        _worker.prepare()
         options = parse_read_options(self.options, streaming=True)
         _check_schema(schema, options)
         return LogHubStreamReader(options)
