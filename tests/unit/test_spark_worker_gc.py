@@ -1,7 +1,8 @@
-"""The source's first read in a Python worker freezes what the worker already holds
-(``gc.freeze``), once per process, after one full collection, so that later full collections
-walk only what tasks allocate. Each check runs in a fresh interpreter: freezing the test
-process would change what later tests see of the garbage collector."""
+"""The source's first call in a Python worker (a read on an executor, ``schema()`` or
+``reader()`` where a read is planned) freezes what the worker already holds (``gc.freeze``),
+once per process, after one full collection, so that later full collections walk only what
+tasks allocate. Each check runs in a fresh interpreter: freezing the test process would
+change what later tests see of the garbage collector."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ _SCRIPT = textwrap.dedent(
     import gc
     import weakref
 
+    from loghub.spark.options import parse_read_options
     from loghub.spark.schema import spark_schema
-    from loghub.spark.source import LogHubDataSource, ShardRange
+    from loghub.spark.source import LogHubBatchReader, LogHubDataSource, ShardRange
 
     full = []
     gc.callbacks.append(
@@ -30,9 +32,9 @@ _SCRIPT = textwrap.dedent(
     garbage = weakref.ref(cycle)
     del cycle
 
-    reader = LogHubDataSource(
-        {"endpoint": "127.0.0.1:9", "project": "p", "logstore": "s"}
-    ).reader(spark_schema())
+    options = {"endpoint": "127.0.0.1:9", "project": "p", "logstore": "s"}
+    # an executor gets the reader unpickled: made here without the source's reader()
+    reader = LogHubBatchReader(parse_read_options(options, streaming=False))
     assert gc.get_freeze_count() == 0
     assert list(reader.read(object())) == []  # Spark's empty partition: nothing to read
     assert gc.get_freeze_count() == 0, "an empty partition reads nothing and freezes nothing"
@@ -52,6 +54,35 @@ _SCRIPT = textwrap.dedent(
     print("ok", frozen)
     """
 )
+
+# Planning: schema() in one worker, reader() in another; each freezes its process once.
+_PLANNING = textwrap.dedent(
+    """
+    import gc
+
+    from loghub.spark.schema import spark_schema
+    from loghub.spark.source import LogHubDataSource
+
+    source = LogHubDataSource({"endpoint": "127.0.0.1:9", "project": "p", "logstore": "s"})
+    assert gc.get_freeze_count() == 0
+    source.schema()
+    frozen = gc.get_freeze_count()
+    assert frozen > 10_000, frozen
+    source.reader(spark_schema())
+    source.streamReader(spark_schema())
+    source.schema()
+    assert gc.get_freeze_count() == frozen, "once per process"
+    print("ok", frozen)
+    """
+)
+
+
+def test_the_planning_workers_freeze_their_heap_once() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _PLANNING], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok "), done.stdout
 
 
 def test_the_first_read_freezes_the_worker_heap_once_after_a_full_collection() -> None:

@@ -44,7 +44,7 @@ from google.protobuf import (  # type: ignore[import-untyped]  # no stubs
     message_factory,
 )
 
-from loghub.spark.schema import ContentColumn, arrow_schema
+from loghub.spark.schema import STRING_MAP, ContentColumn, arrow_schema
 from loghub.wire.cursor import encode_cursor
 from loghub.wire.logcheck import (
     TAG_CONTENT_KEY,
@@ -603,6 +603,7 @@ def to_record_batch(
         pa.array([0, *_running_total([len(t) for t in logs.tags])], pa.int32()),
         pa.array(tag_keys, pa.string()),
         pa.array(tag_values, pa.string()),
+        type=STRING_MAP,
     )
     columns = [
         _constant(shard_id, count),
@@ -613,7 +614,7 @@ def to_record_batch(
         pa.array(logs.topics, pa.string()).take(group_of_log),
         pa.array(logs.sources, pa.string()).take(group_of_log),
         tags.take(group_of_log),
-        pa.MapArray.from_arrays(logs.content_offsets, logs.keys, logs.values),
+        pa.MapArray.from_arrays(logs.content_offsets, logs.keys, logs.values, type=STRING_MAP),
     ]
     for column in content_columns:
         columns.append(_typed(_content_values(logs, column.key), column))

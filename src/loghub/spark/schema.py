@@ -53,20 +53,23 @@ __all__ = [
 ]
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")  # the only timestamp Arrow type Spark accepts
-_STRING_MAP = pa.map_(pa.string(), pa.string())
-
-BASE_COLUMNS: tuple[tuple[str, str, object], ...] = (
-    ("shard", "int", pa.int32()),
-    ("cursor", "string", pa.string()),
-    ("log_index", "int", pa.int32()),
-    ("receive_time", "timestamp", _TIMESTAMP),
-    ("log_time", "timestamp", _TIMESTAMP),
-    ("topic", "string", pa.string()),
-    ("source", "string", pa.string()),
-    ("tags", "map<string,string>", _STRING_MAP),
-    ("contents", "map<string,string>", _STRING_MAP),
+# keys and values are never null (Spark's maps never have null keys)
+STRING_MAP = pa.map_(
+    pa.field("key", pa.string(), nullable=False), pa.field("value", pa.string(), nullable=False)
 )
-"""(name, Spark DDL type, Arrow type) of every fixed column, in schema order."""
+
+BASE_COLUMNS: tuple[tuple[str, str, object, bool], ...] = (
+    ("shard", "int", pa.int32(), False),
+    ("cursor", "string", pa.string(), False),
+    ("log_index", "int", pa.int32(), False),
+    ("receive_time", "timestamp", _TIMESTAMP, True),
+    ("log_time", "timestamp", _TIMESTAMP, False),
+    ("topic", "string", pa.string(), False),
+    ("source", "string", pa.string(), False),
+    ("tags", "map<string,string>", STRING_MAP, False),
+    ("contents", "map<string,string>", STRING_MAP, False),
+)
+"""(name, Spark DDL type, Arrow type, nullable) of every fixed column, in schema order."""
 
 CONTENT_TYPES: dict[str, tuple[str, object]] = {
     "string": ("string", pa.string()),
@@ -109,7 +112,7 @@ def parse_content_columns(text: str) -> tuple[ContentColumn, ...]:
     if not text.strip():
         return ()
     columns: list[ContentColumn] = []
-    fixed = {name for name, _, _ in BASE_COLUMNS}
+    fixed = {name for name, _, _, _ in BASE_COLUMNS}
     for item in text.split(","):
         match = _COLUMN.fullmatch(item)
         if match is None:
@@ -131,8 +134,11 @@ def parse_content_columns(text: str) -> tuple[ContentColumn, ...]:
 
 
 def spark_ddl(content_columns: tuple[ContentColumn, ...] = ()) -> str:
-    """The source's schema as a DDL string."""
-    fields = [f"{name} {ddl}" for name, ddl, _ in BASE_COLUMNS]
+    """The source's schema as a DDL string, as ``df.schema.simpleString()`` spells it (DDL
+    cannot say that a map's values are never null; ``spark_schema`` can)."""
+    fields = [
+        f"{name} {ddl}{'' if nullable else ' NOT NULL'}" for name, ddl, _, nullable in BASE_COLUMNS
+    ]
     fields += [column.ddl for column in content_columns]
     return ", ".join(fields)
 
@@ -145,20 +151,24 @@ _SPARK_TYPES: dict[str, DataType] = {
     "double": DoubleType(),
     "float": FloatType(),
     "boolean": BooleanType(),
-    "map<string,string>": MapType(StringType(), StringType(), True),
+    "map<string,string>": MapType(StringType(), StringType(), valueContainsNull=False),
 }
 
 
 def spark_schema(content_columns: tuple[ContentColumn, ...] = ()) -> StructType:
-    """The source's schema as a StructType (equal to ``spark_ddl``; built without a JVM,
-    which the Python workers do not have)."""
-    fields = [StructField(name, _SPARK_TYPES[ddl], True) for name, ddl, _ in BASE_COLUMNS]
+    """The source's schema (built without a JVM, which the Python workers do not have)."""
+    fields = [
+        StructField(name, _SPARK_TYPES[ddl], nullable) for name, ddl, _, nullable in BASE_COLUMNS
+    ]
     fields += [StructField(c.key, _SPARK_TYPES[c.ddl_type], True) for c in content_columns]
     return StructType(fields)
 
 
 def arrow_schema(content_columns: tuple[ContentColumn, ...] = ()) -> pa.Schema:
-    """The Arrow schema of the record batches the reader yields (equal to ``spark_ddl``)."""
-    fields = [pa.field(name, arrow_type) for name, _, arrow_type in BASE_COLUMNS]
+    """The Arrow schema of the record batches the reader yields: ``spark_schema`` field for
+    field, nullability included, as Spark requires."""
+    fields = [
+        pa.field(name, arrow_type, nullable) for name, _, arrow_type, nullable in BASE_COLUMNS
+    ]
     fields += [pa.field(column.key, column.arrow_type) for column in content_columns]
     return pa.schema(fields)

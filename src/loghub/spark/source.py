@@ -50,7 +50,7 @@ from loghub.spark.options import (
     parse_read_options,
     parse_write_options,
 )
-from loghub.spark.schema import parse_content_columns, spark_ddl, spark_schema
+from loghub.spark.schema import parse_content_columns, spark_schema
 from loghub.spark.sink import LogHubBatchWriter, LogHubStreamWriter
 from loghub.wire.cursor import encode_cursor
 
@@ -86,10 +86,10 @@ class LogHubDataSource(DataSource):
     def name(cls) -> str:
         return "loghub"
 
-    def schema(self) -> str:
+    def schema(self) -> StructType:
         _worker.prepare()  # planning's Python workers collect garbage as often as executors'
         # Not parse_read_options: schema() cannot tell a batch read from a streaming one.
-        return spark_ddl(parse_content_columns(self.options.get("contentcolumns", "")))
+        return spark_schema(parse_content_columns(self.options.get("contentcolumns", "")))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         _worker.prepare()
