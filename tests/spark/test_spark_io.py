@@ -29,6 +29,11 @@ def test_typed_content_columns_and_receive_times_from_the_server(
         .load()
     )
     assert df.schema["status"].dataType.simpleString() == "int"
+    # what is never null says so (Spark then skips the checks); what can be null says so too
+    nullable = {field.name: field.nullable for field in df.schema.fields}
+    assert [name for name, can in nullable.items() if can] == ["receive_time", "status", "latency"]
+    assert df.schema["contents"].dataType.valueContainsNull is False
+    assert df.schema["tags"].dataType.valueContainsNull is False
     rows = df.orderBy("log_index").collect()
     assert [(r.status, r.latency) for r in rows] == [(200, 1.5), (None, None)]
     assert rows[0].contents == {"status": "200", "latency": "1.5"}
