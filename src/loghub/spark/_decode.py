@@ -18,6 +18,12 @@ viewing the one buffer through offsets that alternate between the start and the 
 key (or value), and taking every other element. Groups are decoded in chunks of about
 ``LOGS_PER_CHUNK`` logs, so that the Arrow memory of one chunk is reused by the next.
 
+That is the path where no C compiler was found. Where one was, the compiled scan
+(``_scan.c``) does the part below the group instead, in place in the pulled bytes: it walks
+each chunk's LogGroup entries (``group_bounds`` tells where they start), so no group or log is
+copied out first, and copies keys and values into buffers that Arrow takes as they are,
+telling whether they are all ASCII, in which case Arrow's UTF-8 check is skipped.
+
 The fast path assumes what every protobuf serializer writes: fields in field-number order,
 ``Key`` before ``Value``, nothing unknown, keys and values under 2 MiB, valid UTF-8, and no
 key twice in one log. A chunk that breaks any of that takes the plain protobuf path
