@@ -16,8 +16,11 @@ Every row is one log. The fixed columns come first, in this order:
 ``(shard, cursor, log_index)`` names a log uniquely and for good, so it is the key to
 deduplicate on. The option ``contentColumns`` (a DDL list such as ``"status int, latency_ms
 double"``) adds one typed column per listed content key after these; a value that does not
-parse as the type reads as null. Every column is nullable, so the Arrow schema the reader
-builds (``arrow_schema``) equals the Spark schema field for field, as Spark requires.
+parse as the type reads as null. Only ``receive_time`` and the typed content columns are
+nullable; the other columns and the maps' values are never null and say so, which spares
+Spark their null checks when it makes rows. The Arrow schema the reader builds
+(``arrow_schema``) equals the Spark schema field for field, nullability included, as Spark
+requires.
 """
 
 from __future__ import annotations
@@ -48,7 +51,6 @@ __all__ = [
     "ContentColumn",
     "arrow_schema",
     "parse_content_columns",
-    "spark_ddl",
     "spark_schema",
 ]
 
@@ -131,16 +133,6 @@ def parse_content_columns(text: str) -> tuple[ContentColumn, ...]:
             raise ParameterInvalid(f"contentColumns: column name {key!r} is already taken")
         columns.append(ContentColumn(key, CONTENT_TYPES[type_name][0]))
     return tuple(columns)
-
-
-def spark_ddl(content_columns: tuple[ContentColumn, ...] = ()) -> str:
-    """The source's schema as a DDL string, as ``df.schema.simpleString()`` spells it (DDL
-    cannot say that a map's values are never null; ``spark_schema`` can)."""
-    fields = [
-        f"{name} {ddl}{'' if nullable else ' NOT NULL'}" for name, ddl, _, nullable in BASE_COLUMNS
-    ]
-    fields += [column.ddl for column in content_columns]
-    return ", ".join(fields)
 
 
 _SPARK_TYPES: dict[str, DataType] = {
