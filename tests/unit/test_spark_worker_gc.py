@@ -77,17 +77,17 @@ _PLANNING = textwrap.dedent(
 )
 
 
-def test_the_planning_workers_freeze_their_heap_once() -> None:
+def _passes_in_a_fresh_interpreter(script: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", _PLANNING], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ok "), done.stdout
+
+
+def test_the_planning_workers_freeze_their_heap_once() -> None:
+    _passes_in_a_fresh_interpreter(_PLANNING)
 
 
 def test_the_first_read_freezes_the_worker_heap_once_after_a_full_collection() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("ok "), done.stdout
+    _passes_in_a_fresh_interpreter(_SCRIPT)
