@@ -140,9 +140,9 @@ def _batch(logs_: _decode.DecodedLogs) -> Any:
     return _decode.to_record_batch(logs_, 3, 100 + logs_.first_group, times, COLUMNS)
 
 
-def _rows(data: bytes, logs_per_chunk: int = _decode.LOGS_PER_CHUNK) -> Any:
+def _rows(data: bytes, chunk_bytes: int = _decode.CHUNK_BYTES) -> Any:
     """What the reader makes of ``data``: the batches of every chunk, as one table."""
-    batches = [_batch(chunk) for chunk in _decode.decode(data, logs_per_chunk)]
+    batches = [_batch(chunk) for chunk in _decode.decode(data, chunk_bytes)]
     return pa.Table.from_batches(batches, schema=_batch(_decode._decode_reference(b"")).schema)
 
 
@@ -152,8 +152,7 @@ def _reference(data: bytes) -> Any:
 
 def _fast(data: bytes) -> Any:
     """The fast path alone over all of ``data``; raises if it would fall back."""
-    groups = _decode._RawLogGroupList.FromString(data).LogGroups
-    return pa.Table.from_batches([_batch(_decode._decode_fast(groups))])
+    return pa.Table.from_batches([_batch(_decode._decode_fast(data))])
 
 
 @settings(max_examples=examples(150), deadline=None)
@@ -163,7 +162,7 @@ def _fast(data: bytes) -> Any:
 def test_decode_gives_what_the_reference_path_gives(group_list: list[bytes]) -> None:
     data = b"".join(group_list)
     assert _rows(data).equals(_reference(data))
-    assert _rows(data, logs_per_chunk=2).equals(_reference(data))
+    assert _rows(data, chunk_bytes=1).equals(_reference(data))  # a chunk a group
 
 
 @settings(max_examples=examples(150), deadline=None)
@@ -258,9 +257,8 @@ def test_the_duplicate_key_check_is_right_at_any_number_of_distinct_keys(distinc
     assert _rows(unique).num_rows == logs_
     if distinct:
         repeated = _group([_log(1, None, p + p[:1], False) for p in pairs], b"", [])
-        groups_ = _decode._RawLogGroupList.FromString(repeated).LogGroups
         with pytest.raises(_decode._NotFast):
-            _decode._decode_fast(groups_)
+            _decode._decode_fast(repeated)
         assert _rows(repeated).equals(_reference(repeated))
 
 
@@ -279,7 +277,7 @@ def test_the_reported_chunk_of_64_distinct_keys_decodes_on_the_fast_path() -> No
 def test_an_unexpected_failure_of_the_fast_path_falls_back_and_is_counted(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(groups_: Any, first_group: int = 0) -> Any:
+    def broken(data_: bytes, start: int = 0, end: int | None = None, first: int = 0) -> Any:
         raise pa.ArrowInvalid("a bug in the fast path")
 
     data = _distinct_keys(3, 4)

@@ -6,6 +6,7 @@ No Spark session: the decoder is pyarrow and protobuf only."""
 
 from __future__ import annotations
 
+import array
 from typing import Any
 
 import pyarrow as pa
@@ -14,6 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis_budget import examples
 
+from loghub.errors import PostBodyInvalid
 from loghub.spark import _decode
 
 
@@ -171,10 +173,116 @@ def test_the_scan_reports_ascii_only_when_every_byte_is() -> None:
 
 
 def test_a_list_with_more_than_groups_in_it_is_read_the_protobuf_way() -> None:
-    """An unknown top-level field (skipped by protobuf) stops the compiled walk, which then
-    leaves the list to the kernels: the same rows either way."""
+    """An unknown top-level field (skipped by protobuf) stops the walk over the groups, which
+    then leaves the list to the protobuf path: the same rows either way."""
     data = _group([_log(1, None, [(b"a", b"1")], False)]) + _field(9, b"extra")
     assert _decode._native is not None
     assert _decode._native.group_bounds(data) is None
     assert _decode._native.group_bounds(_group([])) is not None
     assert _same(_rows(data), _reference(data))
+
+
+# Group-level fields in the shapes serializers may write: Topic and Source absent or twice
+# (the last one wins), fields the reader does not use (Reserved, 2; an unknown varint),
+# tags with a Key or a Value missing, and tags the compiled walk leaves to protobuf (Value
+# before Key, an extra field).
+_tag_messages = st.lists(
+    st.tuples(_keys, _keys).map(lambda kv: _field(1, kv[0]) + _field(2, kv[1]))
+    | _keys.map(lambda k: _field(1, k))
+    | _keys.map(lambda v: _field(2, v))
+    | st.tuples(_keys, _keys).map(lambda kv: _field(2, kv[1]) + _field(1, kv[0]))
+    | _keys.map(lambda k: _field(1, k) + _field(2, b"v") + _field(3, b"x")),
+    max_size=3,
+)
+_group_extras = st.lists(
+    _keys.map(lambda t: _field(3, t))  # Topic
+    | _keys.map(lambda t: _field(4, t))  # Source
+    | _keys.map(lambda t: _field(2, t))  # Reserved
+    | st.integers(0, 2**40).map(lambda n: _varint(5 << 3) + _varint(n)),
+    max_size=4,
+)
+
+
+def _odd_group(logs: list[bytes], extras: list[bytes], tags: list[bytes]) -> bytes:
+    fields = [_field(1, log) for log in logs] + extras + [_field(6, tag) for tag in tags]
+    return _field(1, b"".join(fields))
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(
+    st.lists(
+        st.builds(_odd_group, st.lists(_logs, max_size=3), _group_extras, _tag_messages),
+        min_size=1,
+        max_size=3,
+    )
+)
+@example([_odd_group([_log(1, None, [], False)], [_field(3, b"a"), _field(3, b"b")], [])])
+@example([_odd_group([], [], [_field(1, b"k"), _field(2, b"v"), _field(1, b"k")])])
+def test_group_fields_come_out_of_the_compiled_walk_as_protobuf_reads_them(
+    group_list: list[bytes],
+) -> None:
+    data = b"".join(group_list)
+    try:
+        reference = _reference(data)
+    except PostBodyInvalid:  # a tag without its Key or Value: refused on every path
+        with pytest.raises(PostBodyInvalid):
+            _rows(data)
+        with pytest.raises(PostBodyInvalid):
+            _without_compiled_scan(data)
+        return
+    assert _same(_rows(data), reference)
+    assert _same(_without_compiled_scan(data), reference)
+
+
+def test_the_walk_hands_over_topic_source_and_tags() -> None:
+    native = _decode._native
+    assert native is not None
+    data = _odd_group(
+        [_log(1, None, [(b"a", b"1")], False)] * 2,
+        [_field(3, b"first"), _field(4, b"src"), _field(3, b"last"), _field(2, b"reserved")],
+        [_field(1, b"k") + _field(2, b"v"), _field(1, b"") + _field(2, "é".encode())],
+    ) + _odd_group([], [], [])
+    scanned = native.scan_list(data, 0, len(data))
+    assert list(memoryview(scanned[8]).cast("i")) == [2, 0]
+    assert scanned[9] == (
+        (b"last", b"src", (b"k", b"v", b"", "é".encode())),
+        (b"", b"", ()),
+    )
+    for tag in (_field(2, b"v") + _field(1, b"k"), _field(1, b"k"), _field(2, b"v")):
+        odd = _odd_group([], [], [tag])
+        assert native.scan_list(odd, 0, len(odd)) is None, tag  # protobuf decides
+
+
+def test_repeat_copies_each_groups_strings_once_a_log() -> None:
+    native = _decode._native
+    assert native is not None
+    counts = array.array("i", [2, 0, 3])
+    list_offsets, offsets, data = native.repeat([("ab", ""), ("x",), ("é",)], counts)
+    assert list(memoryview(list_offsets).cast("i")) == [0, 2, 4, 5, 6, 7]
+    assert list(memoryview(offsets).cast("i")) == [0, 2, 2, 4, 4, 6, 8, 10]
+    assert data == b"abab" + "ééé".encode()
+    with pytest.raises(ValueError):
+        native.repeat([("a",)], array.array("i", [1, 1]))
+    with pytest.raises(ValueError):
+        native.repeat([("a",)], array.array("i", [-1]))
+    with pytest.raises(TypeError):
+        native.repeat(["a"], array.array("i", [1]))
+
+
+_lists = st.lists(
+    st.sampled_from([_group([]), _group([_log(1, None, [(b"a", b"1")], False)])])
+    | st.binary(max_size=6),
+    max_size=4,
+).map(b"".join)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(_lists)
+def test_the_python_walk_over_the_groups_finds_what_the_compiled_one_finds(data: bytes) -> None:
+    assert _decode._native is not None
+    compiled = _decode._native.group_bounds(data)
+    python = _decode._group_bounds_python(data)
+    if compiled is None:
+        assert python is None
+    else:
+        assert python == list(memoryview(compiled).cast("q"))

@@ -15,14 +15,17 @@ kernels over one buffer:
 The contents of a log are parsed in rounds (round r reads every log's r-th pair at once), then
 put back in log order with one inverse permutation. Keys and values become string arrays by
 viewing the one buffer through offsets that alternate between the start and the end of each
-key (or value), and taking every other element. Groups are decoded in chunks of about
-``LOGS_PER_CHUNK`` logs, so that the Arrow memory of one chunk is reused by the next.
+key (or value), and taking every other element. A pull is decoded in chunks of whole groups of
+about ``CHUNK_BYTES`` serialized bytes (``_group_bounds`` finds where the groups start), so
+that the Arrow memory of one chunk is reused by the next.
 
 That is the path where no C compiler was found. Where one was, the compiled scan
-(``_scan.c``) does the part below the group instead, in place in the pulled bytes: it walks
-each chunk's LogGroup entries (``group_bounds`` tells where they start), so no group or log is
-copied out first, and copies keys and values into buffers that Arrow takes as they are,
-telling whether they are all ASCII, in which case Arrow's UTF-8 check is skipped.
+(``_scan.c``) does all of it instead, in place in the pulled bytes, with no protobuf parse at
+all: it walks each chunk's LogGroup entries, so no group or log is copied out first, hands
+over each group's topic, source and tags, and copies keys and values into buffers that Arrow
+takes as they are, telling whether they are all ASCII, in which case Arrow's UTF-8 check is
+skipped. It also repeats each group's values once for each of its logs (``_PerLog``), which
+Arrow's take did at about the cost of the scan itself.
 
 The fast path assumes what every protobuf serializer writes: fields in field-number order,
 ``Key`` before ``Value``, nothing unknown, keys and values under 2 MiB, valid UTF-8, and no
@@ -36,6 +39,7 @@ replaced by a longer array of the same values, and the path counters behind a lo
 
 from __future__ import annotations
 
+import array
 import logging
 import threading
 from collections.abc import Iterator, Sequence
@@ -67,7 +71,7 @@ except ImportError:  # pragma: no cover - depends on the install
     _native = None
 
 __all__ = [
-    "LOGS_PER_CHUNK",
+    "CHUNK_BYTES",
     "DecodeStatistics",
     "DecodedLogs",
     "decode",
@@ -88,7 +92,9 @@ _LENGTH_VARINT_BYTES_MAX = 3  # lengths up to 2 MiB - 1 on the fast path
 _TIME_VARINT_BYTES_MAX = 5  # a uint32
 _ROUNDS_MAX = 512  # logs with more pairs than this take the reference path
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
-LOGS_PER_CHUNK = 16_384
+_TAG_GROUP = 1 << 3 | 2  # LogGroupList.LogGroups: field 1, length-delimited
+_GROUP_VARINT_BYTES_MAX = 5  # as the compiled walk reads a group's length
+CHUNK_BYTES = 4 * 1024 * 1024  # about 16,000 access logs a record batch
 
 
 class _NotFast(Exception):
@@ -159,56 +165,78 @@ class DecodedLogs:
         return len(self.time_us)
 
 
-def decode(data: bytes, logs_per_chunk: int = LOGS_PER_CHUNK) -> Iterator[DecodedLogs]:
+def decode(data: bytes, chunk_bytes: int = CHUNK_BYTES) -> Iterator[DecodedLogs]:
     """The logs of the serialized LogGroupList ``data`` (``PostBodyInvalid`` when it is not
-    one), in chunks of whole groups of about ``logs_per_chunk`` logs: small enough that the
-    Arrow buffers of one chunk are reused for the next instead of fresh memory each time.
-    Each chunk takes the fast path, or the reference path when it must."""
-    try:
-        groups = _RawLogGroupList.FromString(data).LogGroups
-    except Exception:  # DecodeError: let the reference path raise the proper error
+    one), in chunks of whole groups of about ``chunk_bytes`` serialized bytes: small enough
+    that the Arrow buffers of one chunk are reused for the next instead of fresh memory each
+    time. Each chunk takes the fast path, or the reference path when it must."""
+    bounds = _group_bounds(data)
+    if bounds is None:  # not a plain list of groups: the reference path decides
         yield _decode_reference(data, 0)
         return
-    # where each group's entry starts in ``data``, for the compiled scan (None: it cannot
-    # take this list, or is not built)
-    bounds = None if _native is None else _native.group_bounds(data)
-    if bounds is not None:
-        bounds = memoryview(bounds).cast("q")
-        assert len(bounds) == len(groups) + 1, "the compiled walk found the same groups"
-    first, logs = 0, 0
-    for index, group in enumerate(groups):
-        logs += len(group.Logs)
-        if logs >= logs_per_chunk or index == len(groups) - 1:
-            chunk = groups[first : index + 1]
-            span = None if bounds is None else (data, bounds[first], bounds[index + 1])
-            yield _decode_chunk(chunk, first, span)
-            first, logs = index + 1, 0
+    first, start = 0, 0
+    for index in range(1, len(bounds)):
+        end = bounds[index]
+        if end - start >= chunk_bytes or index == len(bounds) - 1:
+            yield _decode_chunk(data, start, end, first)
+            first, start = index, end
 
 
-_Span = tuple[bytes, int, int]  # serialized LogGroup entries: data[start:end]
+def _group_bounds(data: bytes) -> Sequence[int] | None:
+    """Where each LogGroup entry of the list ``data`` starts, and its end (one more entry than
+    groups); None when the list holds anything else. Serialized LogGroupLists concatenate, so
+    the entries from any bound to a later one are a list of their own."""
+    if _native is not None:
+        bounds = _native.group_bounds(data)
+        return None if bounds is None else memoryview(bounds).cast("q")
+    return _group_bounds_python(data)
 
 
-def _decode_chunk(chunk: Sequence[Any], first_group: int, span: _Span | None = None) -> DecodedLogs:
-    """The fast path, or the reference path when the fast one declines (``_NotFast``) or
-    fails in a way it should not: the reference path defines the result, so a bug in the fast
-    path costs speed, never a failed read. Unexpected failures are logged and counted.
-    ``span`` (where the same groups are serialized) lets the compiled scan take them."""
+def _group_bounds_python(data: bytes) -> list[int] | None:
+    """``_group_bounds`` without the compiled scan: one step a group."""
+    bounds, at, size = [0], 0, len(data)
+    while at < size:
+        if data[at] != _TAG_GROUP:
+            return None
+        length, shift, at = 0, 0, at + 1
+        for _ in range(_GROUP_VARINT_BYTES_MAX):
+            if at >= size:
+                return None
+            byte = data[at]
+            at += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        else:
+            return None
+        if length > size - at:
+            return None
+        at += length
+        bounds.append(at)
+    return bounds
+
+
+def _decode_chunk(data: bytes, start: int, end: int, first_group: int) -> DecodedLogs:
+    """The groups serialized in ``data[start:end]``, on the fast path, or the reference path
+    when the fast one declines (``_NotFast``) or fails in a way it should not: the reference
+    path defines the result, so a bug in the fast path costs speed, never a failed read.
+    Unexpected failures are logged and counted."""
     try:
-        decoded = _decode_fast(chunk, first_group, span)
+        decoded = _decode_fast(data, start, end, first_group)
     except _NotFast:
         _count("not_fast")
     except Exception:
         _count("unexpected")
         log.warning(
-            "the fast decoder failed on a chunk of %d groups; decoding it the slow way",
-            len(chunk),
+            "the fast decoder failed on a chunk of %d bytes; decoding it the slow way",
+            end - start,
             exc_info=True,
         )
     else:
         _count("fast")
         return decoded
-    raw = _RawLogGroupList(LogGroups=chunk).SerializeToString()
-    return _decode_reference(raw, first_group)
+    return _decode_reference(data[start:end], first_group)
 
 
 @dataclass(frozen=True)
@@ -360,54 +388,66 @@ def _slices(buffer: Any, starts: Any, ends: Any) -> Any:
 
 
 def _decode_fast(
-    groups: Sequence[Any], first_group: int = 0, span: _Span | None = None
+    data: bytes, start: int = 0, end: int | None = None, first_group: int = 0
 ) -> DecodedLogs:
-    """The logs of ``groups`` (``_RawLogGroupList`` groups; ``span``, when given, where the
-    same groups are serialized, for the compiled scan); ``_NotFast`` when the fast path cannot
-    take them."""
+    """The logs of the groups serialized in ``data[start:end]``: with the compiled scan when
+    it is built, else with Arrow kernels; ``_NotFast`` when the fast path cannot take them."""
+    end = len(data) if end is None else end
+    if _native is not None:
+        return _decode_compiled(data, start, end, first_group)
+    try:
+        groups = _RawLogGroupList.FromString(data[start:end]).LogGroups
+    except Exception as exc:  # DecodeError: the reference path raises the proper error
+        raise _NotFast from exc
     logs_per_group, topics, sources, tags = [], [], [], []
     for group in groups:
         logs_per_group.append(len(group.Logs))
         topics.append(_text(group.Topic))
         sources.append(_text(group.Source))
+        if not all(t.HasField("Key") and t.HasField("Value") for t in group.LogTags):
+            raise _NotFast  # both are required: the reference path refuses the list
         tags.append({_text(t.Key): _text(t.Value) for t in group.LogTags})
-    count = sum(logs_per_group)
-    if _native is not None and span is not None:
-        time_us, content_offsets, keys, values, uniform = _scan_compiled(span, logs_per_group)
-    else:
-        time_us, content_offsets, keys, values = _scan_with_kernels(groups, count)
-        uniform = False
-    if uniform:  # every log has the first log's keys: only those need to be distinct
-        width = content_offsets[1].as_py() if count else 0
-        if len(set(keys.slice(0, width).to_pylist())) != width:
-            raise _NotFast
-    else:
-        _expect_unique_keys(keys, content_offsets)
+    time_us, content_offsets, keys, values = _scan_with_kernels(groups, sum(logs_per_group))
+    _expect_unique_keys(keys, content_offsets)
     return DecodedLogs(
         first_group, logs_per_group, topics, sources, tags, time_us, content_offsets, keys, values
     )
 
 
-def _scan_compiled(span: _Span, logs_per_group: list[int]) -> tuple[Any, Any, Any, Any, bool]:
-    """(time_us, content_offsets, keys, values, uniform) of the logs of the serialized
-    groups ``span``, in one pass of C (``_scan.c``) over their bytes: no Python object per log,
-    and keys and values copied into buffers of their own, so no Arrow kernel has to walk the
-    logs round by round. The same answers as ``_scan_with_kernels``, at about a tenth of
-    its time; ``uniform``: every log has the first log's keys, in the same order."""
-    scanned = _native.scan_list(*span)
+def _decode_compiled(data: bytes, start: int, end: int, first_group: int) -> DecodedLogs:
+    """``_decode_fast`` in one pass of C over the groups' bytes (``_scan.c``): no Python
+    object per log, and keys and values copied into buffers of their own, so no Arrow kernel
+    has to walk the logs round by round, and no protobuf parse even of the groups (the scan
+    hands over their topic, source and tags too). The same answers as the kernel path, at
+    about a tenth of its time."""
+    scanned = _native.scan_list(data, start, end)
     if scanned is None:
         raise _NotFast
     times, content_offsets, key_offsets, key_data, value_offsets, value_data = scanned[:6]
-    uniform, ascii_only, per_group = scanned[6:]
-    assert list(memoryview(per_group).cast("i")) == logs_per_group, "the same groups"
+    uniform, ascii_only, per_group, group_fields = scanned[6:]
     count = len(times) // 8
     pairs = len(key_offsets) // 4 - 1
-    return (
+    keys = _strings(pairs, key_offsets, key_data, ascii_only)
+    offsets = pa.Array.from_buffers(pa.int32(), count + 1, [None, pa.py_buffer(content_offsets)])
+    if uniform:  # every log has the first log's keys: only those need to be distinct
+        width = offsets[1].as_py() if count else 0
+        if len(set(keys.slice(0, width).to_pylist())) != width:
+            raise _NotFast
+    else:
+        _expect_unique_keys(keys, offsets)
+    tags = []
+    for _, _, pairs_ in group_fields:
+        tags.append({_text(pairs_[i]): _text(pairs_[i + 1]) for i in range(0, len(pairs_), 2)})
+    return DecodedLogs(
+        first_group,
+        list(memoryview(per_group).cast("i")),
+        [_text(topic) for topic, _, _ in group_fields],
+        [_text(source) for _, source, _ in group_fields],
+        tags,
         pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(times)]),
-        pa.Array.from_buffers(pa.int32(), count + 1, [None, pa.py_buffer(content_offsets)]),
-        _strings(pairs, key_offsets, key_data, ascii_only),
+        offsets,
+        keys,
         _strings(pairs, value_offsets, value_data, ascii_only),
-        bool(uniform),
     )
 
 
@@ -599,32 +639,68 @@ def to_record_batch(
     group_offsets = pa.array([0, *_running_total(logs.logs_per_group)], pa.int32())
     group_of_log = pc.list_parent_indices(pa.ListArray.from_arrays(group_offsets, pa.nulls(count)))
     log_index = pc.subtract(_arange(count), pc.take(group_offsets, group_of_log))
-    cursors = pa.array([encode_cursor(first_seq + i) for i in range(group_count)], pa.string())
     receive = pa.array(
         [None if t is None else t * 1_000_000 for t in receive_times_s], pa.int64()
     ).cast(_TIMESTAMP)
-    tag_keys = [key for tags in logs.tags for key in tags]
-    tag_values = [value for tags in logs.tags for value in tags.values()]
-    tags = pa.MapArray.from_arrays(
-        pa.array([0, *_running_total([len(t) for t in logs.tags])], pa.int32()),
-        pa.array(tag_keys, pa.string()),
-        pa.array(tag_values, pa.string()),
-        type=STRING_MAP,
-    )
+    per_log = _PerLog(logs.logs_per_group, group_of_log)
     columns = [
         _constant(shard_id, count),
-        cursors.take(group_of_log),
+        per_log.strings([encode_cursor(first_seq + i) for i in range(group_count)]),
         log_index,
         receive.take(group_of_log),
         logs.time_us.cast(_TIMESTAMP),
-        pa.array(logs.topics, pa.string()).take(group_of_log),
-        pa.array(logs.sources, pa.string()).take(group_of_log),
-        tags.take(group_of_log),
+        per_log.strings(logs.topics),
+        per_log.strings(logs.sources),
+        per_log.maps(logs.tags),
         pa.MapArray.from_arrays(logs.content_offsets, logs.keys, logs.values, type=STRING_MAP),
     ]
     for column in content_columns:
         columns.append(_typed(_content_values(logs, column.key), column))
     return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(content_columns))
+
+
+class _PerLog:
+    """Columns of values that are the same for every log of a group (its topic, source, tags
+    and cursor), one row a log. With the compiled scan built, ``_scan.repeat`` copies each
+    group's value out as many times as the group has logs; without it, Arrow's take does,
+    which for the tags map cost about as much as the scan of the logs themselves."""
+
+    def __init__(self, logs_per_group: Sequence[int], group_of_log: Any) -> None:
+        self._counts = array.array("i", logs_per_group)
+        self._group_of_log = group_of_log
+
+    def _repeat(self, items: Sequence[Sequence[str]]) -> tuple[Any, Any] | None:
+        """(list offsets, string array) of ``items`` repeated, or None without the scan."""
+        repeated = None if _native is None else _native.repeat(items, self._counts)
+        if repeated is None:
+            return None
+        list_offsets, offsets, data = repeated
+        strings = pa.Array.from_buffers(
+            pa.string(), len(offsets) // 4 - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        )
+        logs = len(list_offsets) // 4 - 1
+        return pa.Array.from_buffers(
+            pa.int32(), logs + 1, [None, pa.py_buffer(list_offsets)]
+        ), strings
+
+    def strings(self, values: Sequence[str]) -> Any:
+        repeated = self._repeat([(value,) for value in values])
+        if repeated is None:
+            return pa.array(values, pa.string()).take(self._group_of_log)
+        return repeated[1]
+
+    def maps(self, maps: Sequence[dict[str, str]]) -> Any:
+        keys = self._repeat([tuple(m) for m in maps])
+        values = self._repeat([tuple(m.values()) for m in maps])
+        if keys is None or values is None:
+            per_group = pa.MapArray.from_arrays(
+                pa.array([0, *_running_total([len(m) for m in maps])], pa.int32()),
+                pa.array([key for m in maps for key in m], pa.string()),
+                pa.array([value for m in maps for value in m.values()], pa.string()),
+                type=STRING_MAP,
+            )
+            return per_group.take(self._group_of_log)
+        return pa.MapArray.from_arrays(keys[0], keys[1], values[1], type=STRING_MAP)
 
 
 def _running_total(values: Sequence[int]) -> list[int]:

@@ -14,14 +14,15 @@ with every length varint at most 3 bytes. It returns None as soon as anything br
 
     (time_us int64[count], content_offsets int32[count + 1],
      key_offsets int32[pairs + 1], key_bytes, value_offsets int32[pairs + 1], value_bytes,
-     uniform, ascii, logs_per_group int32[groups])
+     uniform, ascii, logs_per_group int32[groups], group_fields)
 
 as bytes objects, ready to be Arrow buffers: keys and values come out as the offsets and data
 of two binary arrays. `uniform` is True when every log has the first log's keys in the same
 order, which spares the caller its check for a key repeated in a log (it need only look at
 the first log). `ascii` is True when every key and value is ASCII, hence valid UTF-8: the
 caller then makes string arrays of them as they are, and has Arrow check the UTF-8 only
-otherwise. It reads the groups where they are, in the pulled bytes: no copy of a group or a
+otherwise. `group_fields` has (topic, source, (tag key, tag value, ...)) as bytes for each
+group, so that the caller needs no protobuf parse of the list at all. It reads the groups where they are, in the pulled bytes: no copy of a group or a
 log is made, only of the keys and values, with the short copies that most of them need done
 inline (copy_string).
 
@@ -345,22 +346,70 @@ static int push_span(Spans *spans, const uint8_t *start, const uint8_t *end) {
     return 1;
 }
 
-/* Adds every Logs field (1, length-delimited) of one serialized LogGroup to `logs`. Returns
-   the logs found, -1 when the group is not plain, -2 when out of memory. */
-static Py_ssize_t walk_group(const uint8_t *p, const uint8_t *end, Spans *logs) {
+/* A group's fields other than its logs, as spans of the pulled bytes (the tags' keys and
+   values alternate in `tags`, from tag_first on). A field that is not there is empty. */
+typedef struct {
+    Span topic, source;
+    Py_ssize_t tag_first, tag_count;
+} GroupFields;
+
+/* One LogTag message in [p, end): its Key (1) and then its Value (2), each length-delimited
+   and both required, and nothing else, which is what every serializer writes; 0 otherwise
+   (the protobuf path then decides, and refuses a tag that lacks either). */
+static int read_tag(const uint8_t *p, const uint8_t *end, Span *key, Span *value) {
+    uint64_t length;
+    Span *spans[2] = {key, value};
+    for (int i = 0; i < 2; i++) {
+        if (p >= end || *p != ((i + 1) << 3 | 2)) return 0;
+        p++;
+        if (!read_varint(&p, end, 5, &length) || length > (uint64_t)(end - p)) return 0;
+        spans[i]->start = p;
+        spans[i]->end = p += length;
+    }
+    return p == end;
+}
+
+/* Adds every Logs field (1, length-delimited) of one serialized LogGroup to `logs`, and its
+   Topic (3), Source (4) and LogTags (6) to `fields` and `tags`; the last Topic or Source
+   wins, as in protobuf. Returns the logs found, -1 when the group is not plain, -2 when out
+   of memory. */
+static Py_ssize_t walk_group(const uint8_t *p, const uint8_t *end, Spans *logs,
+                             GroupFields *fields, Spans *tags) {
     Py_ssize_t count = 0;
+    fields->topic.start = fields->topic.end = p;
+    fields->source = fields->topic;
+    fields->tag_first = tags->count;
+    fields->tag_count = 0;
     while (p < end) {
         uint64_t key, length;
         if (!read_varint(&p, end, 5, &key) || (key >> 3) == 0) return -1;
-        if (key == (1 << 3 | 2)) {
+        uint64_t number = key >> 3;
+        if (number == 1 || number == 3 || number == 4 || number == 6) {
+            if ((key & 7) != 2) return -1;
             if (!read_varint(&p, end, 5, &length) || length > (uint64_t)(end - p)) return -1;
-            /* each step's address depends on the last one's load: ask for the bytes a few
-               logs ahead now, so that those misses overlap instead of queueing */
-            __builtin_prefetch(p + PREFETCH_AHEAD);
-            if (!push_span(logs, p, p + length)) return -2;
-            p += length;
-            count++;
-        } else if ((key >> 3) == 1 || !skip_field(&p, end, (unsigned)(key & 7))) {
+            const uint8_t *field_end = p + length;
+            if (number == 1) {
+                /* each step's address depends on the last one's load: ask for the bytes a
+                   few logs ahead now, so that those misses overlap instead of queueing */
+                __builtin_prefetch(p + PREFETCH_AHEAD);
+                if (!push_span(logs, p, field_end)) return -2;
+                count++;
+            } else if (number == 3) {
+                fields->topic.start = p;
+                fields->topic.end = field_end;
+            } else if (number == 4) {
+                fields->source.start = p;
+                fields->source.end = field_end;
+            } else {
+                Span tag_key, tag_value;
+                if (!read_tag(p, field_end, &tag_key, &tag_value)) return -1;
+                if (!push_span(tags, tag_key.start, tag_key.end) ||
+                    !push_span(tags, tag_value.start, tag_value.end))
+                    return -2;
+                fields->tag_count++;
+            }
+            p = field_end;
+        } else if (!skip_field(&p, end, (unsigned)(key & 7))) {
             return -1;
         }
     }
@@ -417,19 +466,54 @@ static PyObject *group_bounds(PyObject *self, PyObject *arg) {
    megabytes, and the first touch of each log was the scan's largest cost). 1, 0 when
    something is off the fast path, -1 when out of memory. */
 static int walk_and_measure(const uint8_t *p, const uint8_t *end, Spans *groups, Spans *logs,
-                            int32_t **per_group, Sizes *sizes) {
+                            int32_t **per_group, GroupFields **fields, Spans *tags,
+                            Sizes *sizes) {
     int walked = walk_list(p, end, groups);
     if (walked <= 0) return walked;
-    *per_group = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(groups->count > 0 ? groups->count : 1));
-    if (*per_group == NULL) return -1;
+    size_t slots = (size_t)(groups->count > 0 ? groups->count : 1);
+    *per_group = PyMem_RawMalloc(sizeof(int32_t) * slots);
+    *fields = PyMem_RawMalloc(sizeof(GroupFields) * slots);
+    if (*per_group == NULL || *fields == NULL) return -1;
     for (Py_ssize_t g = 0; g < groups->count; g++) {
         Py_ssize_t before = logs->count;
-        Py_ssize_t n = walk_group(groups->items[g].start, groups->items[g].end, logs);
+        Py_ssize_t n = walk_group(groups->items[g].start, groups->items[g].end, logs,
+                                  &(*fields)[g], tags);
         if (n < 0) return n == -2 ? -1 : 0;
         if (!measure(logs->items + before, n, sizes)) return 0;
         (*per_group)[g] = (int32_t)n;
     }
     return 1;
+}
+
+static PyObject *span_bytes(Span span) {
+    return PyBytes_FromStringAndSize((const char *)span.start, span.end - span.start);
+}
+
+/* ((topic, source, (tag key, tag value, ...)), ...) as bytes, one entry a group. */
+static PyObject *group_fields(const GroupFields *fields, Py_ssize_t count, const Spans *tags) {
+    PyObject *result = PyTuple_New(count);
+    if (result == NULL) return NULL;
+    for (Py_ssize_t g = 0; g < count; g++) {
+        const GroupFields *f = &fields[g];
+        PyObject *tag_tuple = PyTuple_New(2 * f->tag_count);
+        if (tag_tuple == NULL) goto fail;
+        for (Py_ssize_t t = 0; t < 2 * f->tag_count; t++) {
+            PyObject *item = span_bytes(tags->items[f->tag_first + t]);
+            if (item == NULL) {
+                Py_DECREF(tag_tuple);
+                goto fail;
+            }
+            PyTuple_SET_ITEM(tag_tuple, t, item);
+        }
+        PyObject *entry = Py_BuildValue("(NNN)", span_bytes(f->topic), span_bytes(f->source),
+                                        tag_tuple);
+        if (entry == NULL) goto fail;
+        PyTuple_SET_ITEM(result, g, entry);
+    }
+    return result;
+fail:
+    Py_DECREF(result);
+    return NULL;
 }
 
 /* scan_list(data, start, end): the logs of the LogGroup entries in data[start:end]. */
@@ -438,9 +522,10 @@ static PyObject *scan_list(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t start, end;
     if (!PyArg_ParseTuple(args, "y*nn", &view, &start, &end)) return NULL;
-    PyObject *result = NULL, *scanned = NULL, *per_group = NULL;
-    Spans groups = {NULL, 0, 0}, logs = {NULL, 0, 0};
+    PyObject *result = NULL, *scanned = NULL, *per_group = NULL, *per_group_fields = NULL;
+    Spans groups = {NULL, 0, 0}, logs = {NULL, 0, 0}, tags = {NULL, 0, 0};
     int32_t *counts = NULL;
+    GroupFields *fields = NULL;
     Sizes sizes = {0, 0, 0, 0};
     int walked;
     if (start < 0 || end < start || end > view.len) {
@@ -449,7 +534,8 @@ static PyObject *scan_list(PyObject *self, PyObject *args) {
     }
     const uint8_t *base = view.buf;
     Py_BEGIN_ALLOW_THREADS
-    walked = walk_and_measure(base + start, base + end, &groups, &logs, &counts, &sizes);
+    walked = walk_and_measure(base + start, base + end, &groups, &logs, &counts, &fields, &tags,
+                              &sizes);
     Py_END_ALLOW_THREADS
     if (walked <= 0) {
         if (walked < 0) PyErr_NoMemory();
@@ -464,20 +550,120 @@ static PyObject *scan_list(PyObject *self, PyObject *args) {
     per_group = new_bytes(groups.count * (Py_ssize_t)sizeof(int32_t), &per_group_data);
     if (per_group == NULL) goto done;
     if (groups.count > 0) memcpy(per_group_data, counts, sizeof(int32_t) * (size_t)groups.count);
+    per_group_fields = group_fields(fields, groups.count, &tags);
+    if (per_group_fields == NULL) goto done;
     scanned = scan_spans(logs.items, logs.count, &sizes);
     if (scanned == NULL) goto done;
-    PyObject *tail = PyTuple_Pack(1, per_group);
+    PyObject *tail = PyTuple_Pack(2, per_group, per_group_fields);
     if (tail != NULL) {
         result = PySequence_Concat(scanned, tail);
         Py_DECREF(tail);
     }
 done:
     PyMem_RawFree(counts);
+    PyMem_RawFree(fields);
     PyMem_RawFree(groups.items);
     PyMem_RawFree(logs.items);
+    PyMem_RawFree(tags.items);
     Py_XDECREF(scanned);
     Py_XDECREF(per_group);
+    Py_XDECREF(per_group_fields);
     PyBuffer_Release(&view);
+    return result;
+}
+
+/* repeat(groups, counts): the per-log column of a per-group value. groups[g] is a sequence
+   of str (one for a string column, a group's tag keys or values for the tags map), repeated
+   counts[g] times (counts: int32 a group, as scan_list gives them). Returns the bytes
+   (list_offsets int32[logs + 1], offsets int32[items + 1], data): each log's items as a list
+   of the string array (offsets, data), or None when the strings would pass 2 GiB, the most
+   one Arrow string array holds. Spares Arrow's take of a whole record batch for values that
+   change once a group. */
+static PyObject *repeat(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *groups_arg, *result = NULL, *groups = NULL;
+    PyObject *list_offsets = NULL, *offsets = NULL, *data = NULL;
+    Py_buffer counts_view;
+    if (!PyArg_ParseTuple(args, "Oy*", &groups_arg, &counts_view)) return NULL;
+    const int32_t *counts = counts_view.buf;
+    Py_ssize_t group_count = counts_view.len / (Py_ssize_t)sizeof(int32_t);
+    groups = PySequence_Fast(groups_arg, "repeat: groups must be a sequence");
+    if (groups == NULL) goto done;
+    if (PySequence_Fast_GET_SIZE(groups) != group_count) {
+        PyErr_SetString(PyExc_ValueError, "repeat: one count a group");
+        goto done;
+    }
+    /* first pass: sizes, and every item's UTF-8 (cached in the str by CPython) */
+    int64_t logs = 0, items = 0, bytes = 0;
+    for (Py_ssize_t g = 0; g < group_count; g++) {
+        PyObject *group = PySequence_Fast_GET_ITEM(groups, g);
+        if (!PyTuple_Check(group) && !PyList_Check(group)) {
+            PyErr_SetString(PyExc_TypeError, "repeat: each group must be a list or tuple");
+            goto done;
+        }
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(group), block = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t size;
+            if (PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(group, i), &size) == NULL)
+                goto done;
+            block += size;
+        }
+        if (counts[g] < 0) {
+            PyErr_SetString(PyExc_ValueError, "repeat: a negative count");
+            goto done;
+        }
+        logs += counts[g];
+        items += (int64_t)n * counts[g];
+        bytes += (int64_t)block * counts[g];
+    }
+    if (bytes > INT32_MAX || items > INT32_MAX || logs > INT32_MAX) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    int32_t *list_out = NULL, *offsets_out = NULL;
+    char *data_out = NULL;
+    list_offsets = new_bytes((Py_ssize_t)(logs + 1) * (Py_ssize_t)sizeof(int32_t),
+                             (char **)&list_out);
+    offsets = new_bytes((Py_ssize_t)(items + 1) * (Py_ssize_t)sizeof(int32_t),
+                        (char **)&offsets_out);
+    data = new_bytes((Py_ssize_t)bytes, &data_out);
+    if (list_offsets == NULL || offsets == NULL || data == NULL) goto done;
+    /* second pass: the first copy of a group's block from its strings, the others from it */
+    int32_t log_at = 0, item_at = 0, byte_at = 0;
+    list_out[0] = 0;
+    offsets_out[0] = 0;
+    for (Py_ssize_t g = 0; g < group_count; g++) {
+        PyObject *group = PySequence_Fast_GET_ITEM(groups, g);
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(group);
+        int32_t block_start = byte_at, first_item = item_at;
+        for (int32_t r = 0; r < counts[g]; r++) {
+            if (r == 0) {
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    Py_ssize_t size;
+                    const char *utf8 =
+                        PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(group, i), &size);
+                    memcpy(data_out + byte_at, utf8, (size_t)size);
+                    byte_at += (int32_t)size;
+                    offsets_out[++item_at] = byte_at;
+                }
+            } else {
+                int32_t length = offsets_out[first_item + n] - block_start;
+                memcpy(data_out + byte_at, data_out + block_start, (size_t)length);
+                for (Py_ssize_t i = 1; i <= n; i++) {
+                    offsets_out[++item_at] = byte_at + offsets_out[first_item + i] - block_start;
+                }
+                byte_at += length;
+            }
+            list_out[++log_at] = item_at;
+        }
+    }
+    result = PyTuple_Pack(3, list_offsets, offsets, data);
+done:
+    Py_XDECREF(groups);
+    Py_XDECREF(list_offsets);
+    Py_XDECREF(offsets);
+    Py_XDECREF(data);
+    PyBuffer_Release(&counts_view);
     return result;
 }
 
@@ -486,8 +672,11 @@ static PyMethodDef methods[] = {
      "group_bounds(data) -> int64 offsets of each LogGroup entry and of the end, or None."},
     {"scan_list", scan_list, METH_VARARGS,
      "scan_list(data, start, end) -> (time_us, content_offsets, key_offsets, keys, "
-     "value_offsets, values, uniform, ascii, logs_per_group), or None when a log is off the "
+     "value_offsets, values, uniform, ascii, logs_per_group, group_fields), or None when a log is off the "
      "fast path."},
+    {"repeat", repeat, METH_VARARGS,
+     "repeat(groups, counts) -> (list_offsets, offsets, data) of each group's strings "
+     "repeated counts[g] times, or None past 2 GiB."},
     {NULL, NULL, 0, NULL},
 };
 
