@@ -7,7 +7,8 @@ pyspark reuses its workers for task after task and query after query
 are about memory:
 
 - **The garbage collector** (``_freeze_heap``): a worker holds about 70,000 objects before the
-  source first runs in it (pyspark, pyarrow, protobuf, this package), and every task or
+  source first runs in it (pyspark, pyarrow, protobuf, this package, and the HTTP client's
+  modules, imported first for the purpose), and every task or
   planning request leaves enough survivors to start a full collection about once a request.
   A full collection walks every one of those objects: 40 ms of CPU each, about a third of an
   executor worker's CPU in a streaming read here, and five sixths of the planning workers' CPU
@@ -32,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import importlib
 import logging
 import platform
 import threading
@@ -66,6 +68,10 @@ def prepare() -> None:
 
 
 def _freeze_heap() -> None:
+    # httpx imports httpcore, and httpcore its async backends (trio, attrs, h11: about 8,700
+    # objects), only when the first connection is made, which is after this: import it now,
+    # or every later collection would walk them.
+    importlib.import_module("httpcore")
     gc.collect()
     gc.freeze()
 
