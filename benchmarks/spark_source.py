@@ -6,9 +6,10 @@ otherwise, spread over ``--shards`` shards), then, in one SparkSession (``--mast
 local[2]):
 
 1. the rows written to Parquet once (through a batch read of the source);
-2. ``--passes`` rounds, each of three reads into the ``noop`` sink, one after the other so
-   that all meet a JVM warmed up alike (its JIT keeps improving for minutes, and whichever
-   read ran after all of the other's passes would get the warmer JVM):
+2. ``--passes`` rounds (after ``--warmup-passes`` rounds that are not measured: a JVM's first
+   passes over a path time its JIT compiling it), each of three reads into the ``noop`` sink,
+   one after the other so that all meet a JVM warmed up alike (its JIT keeps improving for
+   minutes, and whichever read ran after all of the other's passes would get the warmer JVM):
    - streaming read: ``readStream.format("loghub")`` from earliest with Trigger.AvailableNow
      (``--max-groups`` groups a micro-batch, default all in one), each pass a new query, after
      a small warm-up query; rows/s of the best over the batches' ``triggerExecution`` time,
@@ -316,6 +317,9 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--max-groups", type=int, default=0, help="maxOffsetsPerTrigger")
     parser.add_argument("--passes", type=int, default=4, help="passes of each read")
+    parser.add_argument(
+        "--warmup-passes", type=int, default=3, help="unmeasured passes of each read before"
+    )
     parser.add_argument("--rate", type=int, default=2000, help="logs/s in the latency run")
     parser.add_argument("--seconds", type=float, default=30, help="length of the latency run")
     parser.add_argument(
@@ -329,6 +333,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.logs, args.group_logs, args.passes, args.seconds = 2000, 100, 1, 0
+        args.warmup_passes = 0
 
     print(
         f"machine: {machine_summary()}; Spark master {args.master}; Python workers over "
@@ -387,6 +392,19 @@ def run(args: argparse.Namespace, server: ServerChild, data_dir: Path, small: li
         spark.read.format("loghub").options(**options).load().write.parquet(str(parquet))
         size_mb = sum(f.stat().st_size for f in parquet.rglob("*.parquet")) / 1e6
         rows = spark.read.parquet(str(parquet)).count()
+        # Unmeasured rounds first: a JVM's first passes over a path time its JIT compiling
+        # that path (Parquet's first pass ran at 2 to 4 times its later ones, and the median of
+        # 10 passes swung with how many of them were still compiling).
+        for index in range(args.warmup_passes):
+            stream_to_noop(
+                spark, options, data_dir / f"warmup-pass-{index}", args.max_groups or None
+            )
+            warm_batch = noop_seconds(spark.read.format("loghub").options(**options).load())
+            warm_parquet = noop_seconds(spark.read.parquet(str(parquet)))
+            print(
+                f"  warm-up pass {index}: loghub batch {warm_batch:.2f} s; "
+                f"parquet {warm_parquet:.2f} s"
+            )
         streams, seconds, batch_seconds = [], [], []
         parquet_cpu_s = {"server": 0.0, "jvm": 0.0, "python": 0.0}
         for index in range(args.passes):
@@ -488,8 +506,9 @@ def run(args: argparse.Namespace, server: ServerChild, data_dir: Path, small: li
 def _save(args: argparse.Namespace, rows: list[Row]) -> None:
     # a smoke run saves too (run_all --smoke points the results at a temporary directory)
     notes = [
-        f"{args.logs} logs, Spark master {args.master}, best of {args.passes} passes; the "
-        "reads alternate, so each meets the JVM warmed up alike",
+        f"{args.logs} logs, Spark master {args.master}, {args.passes} passes after "
+        f"{args.warmup_passes} unmeasured ones; the reads alternate, so each meets the JVM "
+        "warmed up alike",
         f"Python workers over {args.python_sockets} sockets "
         "(spark.python.unix.domain.socket.enabled; see docs/spark.md)",
         "the goal is on the batch read, the same kind of job as spark.read.parquet; a "
