@@ -198,23 +198,22 @@ def _group_bounds_python(data: bytes) -> list[int] | None:
     while at < size:
         if data[at] != _TAG_GROUP:
             return None
-        length, shift, at = 0, 0, at + 1
-        for _ in range(_GROUP_VARINT_BYTES_MAX):
-            if at >= size:
-                return None
-            byte = data[at]
-            at += 1
-            length |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                break
-        else:
+        length = _short_varint(data, at + 1)
+        if length is None or length[0] > size - length[1]:
             return None
-        if length > size - at:
-            return None
-        at += length
+        at = length[1] + length[0]
         bounds.append(at)
     return bounds
+
+
+def _short_varint(data: bytes, at: int) -> tuple[int, int] | None:
+    """(value, position after) of the varint at ``at``, if it ends within
+    ``_GROUP_VARINT_BYTES_MAX`` bytes and inside ``data``."""
+    for stop in range(at, min(at + _GROUP_VARINT_BYTES_MAX, len(data))):
+        if data[stop] < 0x80:
+            value = sum((data[i] & 0x7F) << (7 * (i - at)) for i in range(at, stop + 1))
+            return value, stop + 1
+    return None
 
 
 def _decode_chunk(data: bytes, start: int, end: int, first_group: int) -> DecodedLogs:
