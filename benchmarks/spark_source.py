@@ -318,7 +318,7 @@ def main() -> None:
     parser.add_argument("--max-groups", type=int, default=0, help="maxOffsetsPerTrigger")
     parser.add_argument("--passes", type=int, default=4, help="passes of each read")
     parser.add_argument(
-        "--warmup-passes", type=int, default=3, help="unmeasured passes of each read before"
+        "--warmup-passes", type=int, default=3, help="unmeasured passes before the passes"
     )
     parser.add_argument("--rate", type=int, default=2000, help="logs/s in the latency run")
     parser.add_argument("--seconds", type=float, default=30, help="length of the latency run")

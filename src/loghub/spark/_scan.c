@@ -22,9 +22,9 @@ order, which spares the caller its check for a key repeated in a log (it need on
 the first log). `ascii` is True when every key and value is ASCII, hence valid UTF-8: the
 caller then makes string arrays of them as they are, and has Arrow check the UTF-8 only
 otherwise. `group_fields` has (topic, source, (tag key, tag value, ...)) as bytes for each
-group, so that the caller needs no protobuf parse of the list at all. It reads the groups where they are, in the pulled bytes: no copy of a group or a
-log is made, only of the keys and values, with the short copies that most of them need done
-inline (copy_string).
+group, so that the caller needs no protobuf parse of the list at all. It reads the groups
+where they are, in the pulled bytes: no copy of a group or a log is made, only of the keys
+and values, with the short copies that most of them need done inline (copy_string).
 
 The pure-Python twin is the Arrow-kernel path in _decode.py;
 tests/unit/test_spark_decode_native.py holds the two to the same answers. Thread-safe: no
@@ -672,8 +672,8 @@ static PyMethodDef methods[] = {
      "group_bounds(data) -> int64 offsets of each LogGroup entry and of the end, or None."},
     {"scan_list", scan_list, METH_VARARGS,
      "scan_list(data, start, end) -> (time_us, content_offsets, key_offsets, keys, "
-     "value_offsets, values, uniform, ascii, logs_per_group, group_fields), or None when a log is off the "
-     "fast path."},
+     "value_offsets, values, uniform, ascii, logs_per_group, group_fields), or None when a "
+     "log is off the fast path."},
     {"repeat", repeat, METH_VARARGS,
      "repeat(groups, counts) -> (list_offsets, offsets, data) of each group's strings "
      "repeated counts[g] times, or None past 2 GiB."},
